@@ -1,0 +1,559 @@
+"""The in-process recorder: one wrapper path for every ``torch.distributed`` collective.
+
+``install()`` replaces each function listed in :mod:`dtwatch.ops` (in ``torch.distributed`` and
+``torch.distributed.distributed_c10d``) with a wrapper made by :func:`_make_wrapper`. The wrapper writes
+one fixed-size record into this rank's ring before calling the original and stamps its exit after;
+nothing else happens on that path: no lock, no I/O, no allocation beyond a few small objects.
+Work that can wait (heartbeat, C++ sequence numbers of DDP/FSDP-issued collectives, async completion
+polling, Flight Recorder dumps) runs in :mod:`dtwatch.sampler`'s thread.
+
+The recorder never changes arguments or results and never raises into the caller: a failure of its
+own disables recording for that call and produces one warning per process.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import functools
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from . import ring as ringfmt
+from .callsite import SiteTable
+from .config import Config, run_dir
+from .ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, TENSOR_LIST, OpSpec, bind
+from .ring import (
+    FLAG_ASYNC, FLAG_MARKER, OP_CODES, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
+    RECORD_SIZE, STATUS_ERROR, STATUS_OK, RingWriter, ring_filename,
+)
+
+log = logging.getLogger("dtwatch")
+
+NO_GROUP = 0xFFFF  # group slot of records that belong to no process group (step markers)
+
+_DTYPE_CODES: dict[torch.dtype, int] = {}
+for _name, _code in ringfmt.DTYPE_CODES.items():
+    _dt = getattr(torch, _name, None)
+    if isinstance(_dt, torch.dtype):
+        _DTYPE_CODES[_dt] = _code
+
+
+class _ThreadState(threading.local):
+    busy = False  # inside a composite call (object collective, batch p2p): inner calls not recorded
+
+
+def _group_name(pg: Any) -> str:
+    try:
+        return dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:
+        return str(getattr(pg, "group_name", "?"))
+
+
+class Recorder:
+    """State of dtwatch inside one training process. Use :func:`dtwatch.install`, not this class."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.run_dir = run_dir(config)
+        self.host = socket.gethostname()
+        self.ring: RingWriter | None = None
+        self.mm: Any = None
+        self.records_off = 0
+        self.capacity = 1
+        self.sites: SiteTable | None = None
+        self.groups: dict[Any, tuple[int, Callable[[], int] | None]] = {}
+        self.group_list: list[tuple[int, Any, Callable[[], int] | None]] = []  # for the sampler
+        self.default_pg: Any = None
+        self.stamps = itertools.count(1)
+        self.step = 0
+        self.explicit_steps = False
+        self.pending: list[tuple[list, int, int, int]] = []  # (works, record offset, stamp, span) polled by the sampler
+        self.tls = _ThreadState()
+        self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
+        self.loader_index: dict[int, tuple[int, int]] = {}  # site -> (loader slot, epochs)
+        self.sampler: Any = None
+        self.stack_file: Any = None
+        self.warned = False
+        self.optimizer_hook: Any = None
+        self.prev_excepthook: Any = None
+        self.excepthook: Any = None
+        self.lock = threading.Lock()
+
+    # -- failure policy -----------------------------------------------------------------------------
+    def fail(self, what: str, exc: BaseException | None = None) -> None:
+        """dtwatch's own failure: one warning per process, never an exception into training code."""
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"dtwatch: {what} failed ({exc!r}); recording may be incomplete", RuntimeWarning, stacklevel=3)
+        log.debug("dtwatch: %s failed", what, exc_info=exc)
+
+    # -- ring and groups (cold path) ------------------------------------------------------------------
+    def attach(self) -> None:
+        """Create this rank's ring once the default process group exists."""
+        if self.ring is not None or not dist.is_available() or not dist.is_initialized():
+            return
+        try:
+            pg = dist.distributed_c10d._get_default_group()
+            rank, world = dist.get_rank(), dist.get_world_size()
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+            device_index, gpu_uuid = _device_identity()
+            ring = RingWriter(
+                os.path.join(self.run_dir, ring_filename(rank)), rank=rank, local_rank=local_rank,
+                world_size=world, job_id=os.path.basename(self.run_dir), host=self.host,
+                backend=str(dist.get_backend()), torch_version=torch.__version__,
+                restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+                device_index=device_index, gpu_uuid=gpu_uuid, capacity=self.config.ring_records,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure here must stay out of training
+            self.fail("creating the ring", exc)
+            return
+        self.sites = SiteTable(ring.add_site)
+        self.mm, self.records_off, self.capacity = ring.mm, ring.records_off, ring.capacity
+        self.ring = ring
+        self.default_pg = pg
+        self.register_group(pg)
+        self._install_stack_dump()
+        from .sampler import Sampler
+
+        self.sampler = Sampler(self)
+        self.sampler.start()
+        if self.config.watchdog == "auto" and local_rank == 0:
+            from .launcher import start_watchdog_async
+
+            start_watchdog_async(self.run_dir, self.host, self.config.watchdog_args)
+
+    def detach(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+        self.groups, self.group_list, self.default_pg = {}, [], None
+
+    def register_group(self, pg: Any) -> tuple[int, Callable[[], int] | None]:
+        """Add ``pg`` to the ring's group table (first use or sampler discovery)."""
+        with self.lock:
+            known = self.groups.get(pg)
+            if known is not None:
+                return known
+            seqfn = getattr(pg, "_get_sequence_number_for_group", None)
+            try:
+                seqfn()
+            except Exception:
+                seqfn = None  # e.g. not supported by this backend: records carry seq 0
+            try:
+                members = list(dist.get_process_group_ranks(pg))
+                group_rank = dist.get_rank(pg)
+            except Exception:
+                members, group_rank = None, -1
+            desc = str(getattr(pg, "group_desc", "") or "")
+            slot = self.ring.add_group(_group_name(pg), desc, members, group_rank) if self.ring else -1
+            entry = (slot if slot >= 0 else NO_GROUP, seqfn)
+            self.groups[pg] = entry
+            if slot >= 0:
+                self.group_list.append((slot, pg, seqfn))
+            return entry
+
+    # -- steps and loaders --------------------------------------------------------------------------
+    def advance_step(self, explicit: bool) -> None:
+        if explicit:
+            self.explicit_steps = True
+        elif self.explicit_steps or not self.config.auto_step:
+            return
+        self.step += 1
+        ring = self.ring
+        if ring is None:
+            return
+        try:
+            now = time.time()
+            stamp = next(self.stamps)
+            off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
+            RECORD_ENTRY_BY_NDIM[0].pack_into(
+                self.mm, off, stamp, self.step, now, now, 0, STATUS_OK, OP_CODES["step"], 0, 0,
+                FLAG_MARKER, 0, NO_GROUP, 0, self.step, 0, -1, stamp,
+            )
+            ring.set_step(self.step, now)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("recording a step", exc)
+
+    def loader_started(self, loader: Any) -> None:
+        if self.ring is None or self.sites is None:
+            return
+        try:
+            length = len(loader)
+        except Exception:
+            length = -1
+        frame = self.sites.user_frame(sys._getframe(2))
+        site = self.sites.frame_site(frame) if frame is not None else 0
+        slot, epochs = self.loader_index.get(site, (-1, 0))
+        if slot < 0:
+            slot = self.ring.add_loader(site)
+            if slot < 0:
+                return
+        self.loader_index[site] = (slot, epochs + 1)
+        self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step)
+
+    # -- async completion -----------------------------------------------------------------------------
+    def finish(self, off: int, stamp: int, status: int, span: int) -> None:
+        """Stamp a record's exit, unless the ring has wrapped over it meanwhile."""
+        try:
+            if ringfmt.U64.unpack_from(self.mm, off)[0] == stamp:
+                RECORD_EXIT.pack_into(self.mm, off + RECORD_EXIT_OFFSET, time.time(), span, status)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("recording a completion", exc)
+
+    def track_async(self, work: Any, off: int, stamp: int, span: int) -> None:
+        works = work if isinstance(work, (list, tuple)) else [work]
+        if len(works) == 1:
+            try:
+                fut = works[0].get_future()
+
+                def done(f: Any) -> None:
+                    try:
+                        f.value()
+                        status = STATUS_OK
+                    except Exception:
+                        status = STATUS_ERROR
+                    self.finish(off, stamp, status, span)
+
+                fut.add_done_callback(done)
+                return
+            except Exception:
+                pass  # this Work type has no future (e.g. some p2p): the sampler polls it
+        self.pending.append((works, off, stamp, span))
+
+    def poll_pending(self) -> None:
+        if not self.pending:
+            return
+        still = []
+        for works, off, stamp, span in self.pending:
+            try:
+                done = all(w is None or w.is_completed() for w in works)
+            except Exception:
+                done = True
+            if done:
+                self.finish(off, stamp, STATUS_OK, span)
+            else:
+                still.append((works, off, stamp, span))
+        self.pending = still
+
+    # -- process end -------------------------------------------------------------------------------
+    def on_exit(self) -> None:
+        ring = self.ring
+        if ring is not None and ringfmt.EXIT.unpack_from(ring.mm, ringfmt.OFF_EXIT)[0] == ringfmt.EXIT_RUNNING:
+            ring.set_exit(ringfmt.EXIT_CLEAN, 0, "process exited normally")
+
+    def on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        ring = self.ring
+        if ring is None:
+            return
+        where = ""
+        while tb is not None:
+            where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        ring.set_exit(ringfmt.EXIT_EXCEPTION, 1, f"{exc_type.__name__}: {exc}{where}")
+
+    def _install_stack_dump(self) -> None:
+        sig = self.config.stack_signal
+        if not sig or self.ring is None:
+            return
+        try:
+            if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+                log.warning("dtwatch: signal %s already has a handler; faulthandler stack dumps are off", sig)
+                return
+            path = os.path.join(self.run_dir, "stacks", f"rank-{dist.get_rank():05d}.txt")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.stack_file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the signal handler
+            faulthandler.register(sig, file=self.stack_file, all_threads=True, chain=False)
+            self.ring.set_stack_signal(sig)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("registering faulthandler", exc)
+
+
+def _device_identity() -> tuple[int, str]:
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            idx = torch.cuda.current_device()
+            uuid = str(getattr(torch.cuda.get_device_properties(idx), "uuid", ""))
+            return idx, uuid
+        local = os.environ.get("LOCAL_RANK")
+        if torch.cuda.is_available() and local is not None:
+            return int(local) % max(torch.cuda.device_count(), 1), ""
+    except Exception:
+        pass
+    return -1, ""
+
+
+def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
+    """The one recording path. Everything specific to an op is in ``spec``, bound here once."""
+    op, payload, flags = spec.code, spec.kind.payload, spec.kind.flags
+    ppos, pname = spec.payload_pos, spec.kind.payload_arg
+    gpos, apos, peer_pos, peer_name = spec.group_pos, spec.async_pos, spec.peer_pos, spec.kind.peer_arg
+    always_async, composite, spans = spec.kind.always_async, spec.kind.composite, spec.spans_several
+    tls, groups, dtypes = rec.tls, rec.groups, _DTYPE_CODES
+    entries, exit_pack, now = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time
+
+    @functools.wraps(original)
+    def dtwatch_recorded(*args: Any, **kwargs: Any) -> Any:
+        mm = rec.mm
+        if mm is None or tls.busy:
+            return original(*args, **kwargs)
+        off = -1
+        try:
+            nargs = len(args)
+            group = args[gpos] if 0 <= gpos < nargs else kwargs.get("group")
+            if group is None:
+                group = rec.default_pg
+            ginfo = groups.get(group)
+            if ginfo is None:
+                ginfo = rec.register_group(group)
+            slot, seqfn = ginfo
+            seq0 = seqfn() if seqfn is not None else 0
+            ntensors, peer = 1, -1
+            if payload == TENSOR:
+                t = args[ppos] if ppos < nargs else kwargs.get(pname)
+                shape = t.shape
+                ndim, numel, dt = len(shape), t.numel(), dtypes.get(t.dtype, 0)
+            elif payload == NOTHING:
+                shape, ndim, numel, dt = (), 0, 0, 0
+            elif payload == OBJECT:
+                shape, ndim, numel, dt = (), 0, -1, 0
+            else:  # TENSOR_LIST / P2P_OPS: describe the first, count them all
+                items = args[ppos] if ppos < nargs else kwargs.get(pname)
+                ntensors = len(items)
+                ts = [getattr(x, "tensor", x) for x in items] if payload == P2P_OPS else items
+                shape = ts[0].shape if ts else ()
+                ndim, dt = len(shape), dtypes.get(ts[0].dtype, 0) if ts else 0
+                numel = sum(x.numel() for x in ts)
+            if peer_pos >= 0:
+                p = args[peer_pos] if peer_pos < nargs else kwargs.get(peer_name)
+                peer = p if p is not None else -1
+            if ndim > 4:
+                shape = tuple(shape[:4])
+            site = rec.sites.caller_site(1)
+            stamp = next(rec.stamps)
+            off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
+            entries[ndim if ndim < 4 else 4].pack_into(
+                mm, off, stamp, seq0 + 1, now(), 0.0, 1, 0, op, dt, ndim if ndim < 256 else 255,
+                flags, ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, stamp,
+            )
+        except Exception as exc:  # noqa: BLE001 - recording must never break the collective
+            rec.fail(f"recording {spec.name}", exc)
+            off = -1
+        if composite:
+            tls.busy = True
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if off >= 0:
+                rec.finish(off, stamp, STATUS_ERROR, 1)
+            raise
+        finally:
+            if composite:
+                tls.busy = False
+        if off >= 0:
+            try:
+                span = seqfn() - seq0 if spans and seqfn is not None else 1
+                if always_async or (apos >= 0 and (args[apos] if apos < nargs else kwargs.get("async_op"))):
+                    if result is not None:
+                        rec.track_async(result, off, stamp, span)
+                    else:  # not a member of the group: nothing was issued
+                        rec.finish(off, stamp, STATUS_OK, span)
+                else:
+                    exit_pack(mm, off + RECORD_EXIT_OFFSET, now(), span, STATUS_OK)
+            except Exception as exc:  # noqa: BLE001
+                rec.fail(f"recording the end of {spec.name}", exc)
+        return result
+
+    dtwatch_recorded.__dtwatch_original__ = original  # type: ignore[attr-defined]
+    return dtwatch_recorded
+
+
+# ---------------------------------------------------------------------------------------------------
+# install / uninstall
+# ---------------------------------------------------------------------------------------------------
+_ACTIVE: Recorder | None = None
+_INSTALL_LOCK = threading.Lock()
+
+
+def active() -> Recorder | None:
+    return _ACTIVE
+
+
+def _patch(rec: Recorder, owner: Any, attr: str, wrapper: Any) -> None:
+    original = getattr(owner, attr)
+    setattr(owner, attr, wrapper)
+    rec.patched.append((owner, attr, original, wrapper))
+
+
+def install(**options: Any) -> bool:
+    """Start recording in this process. Idempotent; returns False if dtwatch was already installed.
+
+    Options (each also ``DTWATCH_<NAME>`` in the environment; arguments win): see :class:`Config`.
+    Safe without torchrun and before ``init_process_group``: the ring is created when the default
+    process group appears.
+    """
+    global _ACTIVE
+    config = Config.from_env(**options)  # raises ConfigError on a bad argument
+    with _INSTALL_LOCK:
+        if _ACTIVE is not None:
+            warnings.warn("dtwatch.install() called twice; keeping the first installation", RuntimeWarning, stacklevel=2)
+            return False
+        if not dist.is_available():
+            log.warning("dtwatch: torch.distributed is not available in this torch build; nothing to record")
+            return False
+        rec = Recorder(config)
+        _apply_env(rec)
+        c10d = dist.distributed_c10d
+        for name in OP_KINDS:
+            original = getattr(c10d, name, None)
+            if original is None or getattr(original, "__dtwatch_original__", None) is not None:
+                continue
+            spec = bind(name, original)
+            if spec is None:
+                log.warning("dtwatch: torch.distributed.%s has an unexpected signature; not recorded", name)
+                continue
+            wrapper = _make_wrapper(rec, original, spec)
+            _patch(rec, c10d, name, wrapper)
+            if getattr(dist, name, None) is original:
+                _patch(rec, dist, name, wrapper)
+        _patch_lifecycle(rec)
+        _patch_iteration(rec)
+        rec.prev_excepthook = sys.excepthook
+
+        def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
+            try:
+                rec.on_exception(exc_type, exc, tb)
+            except Exception:
+                pass
+            rec.prev_excepthook(exc_type, exc, tb)
+
+        rec.excepthook = excepthook
+        sys.excepthook = excepthook
+        atexit.register(rec.on_exit)
+        _ACTIVE = rec
+        rec.attach()  # no-op until the default process group exists
+        return True
+
+
+def uninstall() -> bool:
+    """Stop recording and restore every patched function (only where it is still dtwatch's)."""
+    global _ACTIVE
+    with _INSTALL_LOCK:
+        rec = _ACTIVE
+        if rec is None:
+            return False
+        for owner, attr, original, wrapper in reversed(rec.patched):
+            if getattr(owner, attr, None) is wrapper:
+                setattr(owner, attr, original)
+            else:
+                log.warning("dtwatch: %s.%s was replaced by someone else; leaving it", getattr(owner, "__name__", owner), attr)
+        rec.patched.clear()
+        if rec.optimizer_hook is not None:
+            rec.optimizer_hook.remove()
+        if sys.excepthook is rec.excepthook:
+            sys.excepthook = rec.prev_excepthook
+        atexit.unregister(rec.on_exit)
+        if rec.config.stack_signal and rec.stack_file is not None:
+            try:
+                faulthandler.unregister(rec.config.stack_signal)
+            except Exception:
+                pass
+        rec.detach()
+        if rec.ring is not None:
+            rec.ring.set_exit(ringfmt.EXIT_DETACHED, 0, "dtwatch uninstalled")
+        rec.mm = None
+        _ACTIVE = None
+        return True
+
+
+def _apply_env(rec: Recorder) -> None:
+    if not rec.config.torch_env:
+        return
+    from .torchenv import apply_torch_env, unapplied_settings
+
+    prefix = os.path.join(rec.run_dir, "fr", "torch-fr-rank-")
+    initialised = dist.is_initialized()
+    changes = apply_torch_env(rec.config.fr_buffer_size, prefix)
+    if initialised and changes:
+        log.warning(
+            "dtwatch: installed after init_process_group; these settings apply only to process groups "
+            "created from now on, not to the existing ones: %s. Import dtwatch.auto (or call "
+            "dtwatch.install()) before init_process_group.", ", ".join(unapplied_settings()),
+        )
+    elif changes:
+        try:
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        except OSError:
+            pass
+
+
+def _patch_lifecycle(rec: Recorder) -> None:
+    c10d = dist.distributed_c10d
+    init_original = c10d.init_process_group
+    destroy_original = c10d.destroy_process_group
+
+    @functools.wraps(init_original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = init_original(*args, **kwargs)
+        try:
+            rec.attach()
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("attaching after init_process_group", exc)
+        return result
+
+    @functools.wraps(destroy_original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        group = args[0] if args else kwargs.get("group")
+        if group is None or group is rec.default_pg:
+            rec.detach()  # stop sampling groups that are going away
+        else:
+            with rec.lock:
+                entry = rec.groups.pop(group, None)
+                if entry is not None:
+                    rec.group_list = [g for g in rec.group_list if g[1] is not group]
+        return destroy_original(*args, **kwargs)
+
+    for owner in (c10d, dist):
+        if getattr(owner, "init_process_group", None) is init_original:
+            _patch(rec, owner, "init_process_group", init_process_group)
+        if getattr(owner, "destroy_process_group", None) is destroy_original:
+            _patch(rec, owner, "destroy_process_group", destroy_process_group)
+
+
+def _patch_iteration(rec: Recorder) -> None:
+    from torch.utils.data import DataLoader
+
+    iter_original = DataLoader.__iter__
+
+    @functools.wraps(iter_original)
+    def __iter__(self: Any) -> Any:
+        try:
+            rec.loader_started(self)
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("recording a DataLoader epoch", exc)
+        return iter_original(self)
+
+    _patch(rec, DataLoader, "__iter__", __iter__)
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        rec.optimizer_hook = register_optimizer_step_post_hook(lambda *_: rec.advance_step(explicit=False))
+    except Exception as exc:  # noqa: BLE001
+        rec.fail("hooking optimizer steps", exc)
+
+
+def step() -> None:
+    """Mark the end of a training step (turns off counting optimizer steps for this process)."""
+    rec = _ACTIVE
+    if rec is not None:
+        rec.advance_step(explicit=True)

@@ -1,0 +1,136 @@
+"""The recorder's background thread: everything that can run a little later than the collective.
+
+Every ``sample_interval`` seconds it writes a heartbeat, samples each process group's C++ sequence
+number (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
+the main thread is (its innermost frame and first user frame), stamps the exit of async work that has
+completed, registers process groups created since the last look, and answers the watchdog's
+Flight Recorder dump requests.
+
+While the main thread is blocked inside a collective (C++ releases the GIL) this thread keeps going,
+so the ring says exactly where the rank waits. If it stops (the GIL is held by a wedged extension, or
+the process is stopped), the heartbeat goes stale and the watchdog reports the rank unresponsive.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+log = logging.getLogger("dtwatch")
+
+GROUP_SCAN_EVERY = 10  # ticks between scans for new process groups
+
+
+class Sampler(threading.Thread):
+    def __init__(self, rec: "Recorder") -> None:
+        super().__init__(name="dtwatch-sampler", daemon=True)
+        self.rec = rec
+        self.interval = rec.config.sample_interval
+        self._stop_event = threading.Event()
+        self.main_ident = threading.main_thread().ident
+        self.last_sites = (0, 0)
+        self.last_seq: dict[int, int] = {}
+        self.dumps_done = 0
+        self.ticks = 0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=2 * self.interval + 1)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - never let the thread die silently
+                self.rec.fail("sampling", exc)
+            self._stop_event.wait(self.interval)
+
+    def tick(self) -> None:
+        rec, ring = self.rec, self.rec.ring
+        if ring is None:
+            return
+        now = time.time()
+        self.ticks += 1
+        if self.ticks % GROUP_SCAN_EVERY == 1:
+            self.scan_groups()
+        for slot, _pg, seqfn in list(rec.group_list):
+            if seqfn is None:
+                continue
+            try:
+                seq = seqfn()
+            except Exception:
+                continue
+            if self.last_seq.get(slot) != seq:
+                self.last_seq[slot] = seq
+                ring.set_group_cpp_seq(slot, seq, now)
+        rec.poll_pending()
+        self.sample_main_thread(now)
+        request = ring.dump_request()
+        if request != self.dumps_done:
+            self.dumps_done = request
+            dump_flight_recorder(rec.run_dir, dist.get_rank() if dist.is_initialized() else -1, request)
+            ring.ack_dump(request)
+        ring.heartbeat(now, self.ticks)
+
+    def scan_groups(self) -> None:
+        try:
+            pgs = list(dist.distributed_c10d._world.pg_map.keys())
+        except Exception:
+            return
+        for pg in pgs:
+            if pg not in self.rec.groups:
+                try:
+                    self.rec.register_group(pg)
+                except Exception:
+                    continue
+
+    def sample_main_thread(self, now: float) -> None:
+        sites = self.rec.sites
+        frame = sys._current_frames().get(self.main_ident)
+        if frame is None or sites is None:
+            return
+        top = sites.frame_site(frame)
+        user_frame = sites.user_frame(frame)
+        user = sites.frame_site(user_frame) if user_frame is not None else 0
+        del frame, user_frame
+        if (user, top) != self.last_sites:
+            self.last_sites = (user, top)
+            self.rec.ring.set_main_site(user, top, now)
+
+
+def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
+    """Write torch's Flight Recorder for this process to ``<run dir>/fr/rank-R.N.pkl``; path or None."""
+    import torch._C._distributed_c10d as c10d_c
+
+    data = None
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        fn = getattr(c10d_c, name, None)
+        if fn is None:
+            continue
+        try:
+            data = fn()
+            break
+        except Exception as exc:  # noqa: BLE001 - e.g. Flight Recorder disabled
+            log.debug("dtwatch: %s failed: %r", name, exc)
+    if data is None:
+        return None
+    path = os.path.join(run_dir, "fr", f"rank-{rank:05d}.{request}.pkl")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("dtwatch: could not write the Flight Recorder dump %s: %s", path, exc)
+        return None
+    return path
