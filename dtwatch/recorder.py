@@ -100,9 +100,10 @@ class Recorder:
 
     # -- ring and groups (cold path) ------------------------------------------------------------------
     def attach(self) -> None:
-        """Create this rank's ring once the default process group exists."""
-        if self.ring is not None or not dist.is_available() or not dist.is_initialized():
+        """Create this rank's ring once the default process group exists (again after a re-init)."""
+        if self.mm is not None or not dist.is_available() or not dist.is_initialized():
             return
+        old = self.ring  # the default group was destroyed and created again: start a fresh ring
         try:
             pg = dist.distributed_c10d._get_default_group()
             rank, world = dist.get_rank(), dist.get_world_size()
@@ -118,7 +119,10 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 - any failure here must stay out of training
             self.fail("creating the ring", exc)
             return
+        if old is not None:
+            old.close()
         self.sites = SiteTable(ring.add_site)
+        self.loader_index = {}
         self.mm, self.records_off, self.capacity = ring.mm, ring.records_off, ring.capacity
         self.ring = ring
         self.default_pg = pg
@@ -134,10 +138,16 @@ class Recorder:
             start_watchdog_async(self.run_dir, self.host, self.config.watchdog_args)
 
     def detach(self) -> None:
+        """Stop recording (default group destroyed, or uninstall); the ring keeps its last state."""
         if self.sampler is not None:
             self.sampler.stop()
+            self.sampler.sample_groups(time.time())  # C++-issued collectives since the last tick
             self.sampler = None
-        self.groups, self.group_list, self.default_pg = {}, [], None
+        self.poll_pending()  # async work already waited on: stamp it before recording stops
+        # Cleared in place: the wrappers hold a reference to this dict.
+        self.groups.clear()
+        self.group_list, self.default_pg = [], None
+        self.mm = None  # wrappers pass straight through until attach() runs again
 
     def register_group(self, pg: Any) -> tuple[int, Callable[[], int] | None]:
         """Add ``pg`` to the ring's group table (first use or sampler discovery)."""
@@ -170,15 +180,15 @@ class Recorder:
         elif self.explicit_steps or not self.config.auto_step:
             return
         self.step += 1
-        ring = self.ring
-        if ring is None:
+        ring, mm = self.ring, self.mm
+        if ring is None or mm is None:
             return
         try:
             now = time.time()
             stamp = next(self.stamps)
             off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
             RECORD_ENTRY_BY_NDIM[0].pack_into(
-                self.mm, off, stamp, self.step, now, now, 0, STATUS_OK, OP_CODES["step"], 0, 0,
+                mm, off, stamp, self.step, now, now, 0, STATUS_OK, OP_CODES["step"], 0, 0,
                 FLAG_MARKER, 0, NO_GROUP, 0, self.step, 0, -1, stamp,
             )
             ring.set_step(self.step, now)
@@ -204,10 +214,13 @@ class Recorder:
 
     # -- async completion -----------------------------------------------------------------------------
     def finish(self, off: int, stamp: int, status: int, span: int) -> None:
-        """Stamp a record's exit, unless the ring has wrapped over it meanwhile."""
+        """Stamp a record's exit, unless the ring has wrapped over it (or was detached) meanwhile."""
+        mm = self.mm
+        if mm is None:
+            return
         try:
-            if ringfmt.U64.unpack_from(self.mm, off)[0] == stamp:
-                RECORD_EXIT.pack_into(self.mm, off + RECORD_EXIT_OFFSET, time.time(), span, status)
+            if ringfmt.U64.unpack_from(mm, off)[0] == stamp:
+                RECORD_EXIT.pack_into(mm, off + RECORD_EXIT_OFFSET, time.time(), span, status)
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a completion", exc)
 
@@ -248,6 +261,13 @@ class Recorder:
 
     # -- process end -------------------------------------------------------------------------------
     def on_exit(self) -> None:
+        sampler = self.sampler
+        if sampler is not None:
+            try:
+                sampler.sample_groups(time.time())  # C++-issued collectives since the last tick
+                self.poll_pending()
+            except Exception:
+                pass
         ring = self.ring
         if ring is not None and ringfmt.EXIT.unpack_from(ring.mm, ringfmt.OFF_EXIT)[0] == ringfmt.EXIT_RUNNING:
             ring.set_exit(ringfmt.EXIT_CLEAN, 0, "process exited normally")
@@ -264,7 +284,7 @@ class Recorder:
 
     def _install_stack_dump(self) -> None:
         sig = self.config.stack_signal
-        if not sig or self.ring is None:
+        if not sig or self.ring is None or self.stack_file is not None:
             return
         try:
             if signal.getsignal(sig) not in (signal.SIG_DFL, None):
@@ -311,13 +331,6 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
         try:
             nargs = len(args)
             group = args[gpos] if 0 <= gpos < nargs else kwargs.get("group")
-            if group is None:
-                group = rec.default_pg
-            ginfo = groups.get(group)
-            if ginfo is None:
-                ginfo = rec.register_group(group)
-            slot, seqfn = ginfo
-            seq0 = seqfn() if seqfn is not None else 0
             ntensors, peer = 1, -1
             if payload == TENSOR:
                 t = args[ppos] if ppos < nargs else kwargs.get(pname)
@@ -330,7 +343,12 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             else:  # TENSOR_LIST / P2P_OPS: describe the first, count them all
                 items = args[ppos] if ppos < nargs else kwargs.get(pname)
                 ntensors = len(items)
-                ts = [getattr(x, "tensor", x) for x in items] if payload == P2P_OPS else items
+                if payload == P2P_OPS:
+                    ts = [x.tensor for x in items]
+                    if items:
+                        group = items[0].group  # batch_isend_irecv runs on its ops' group
+                else:
+                    ts = items
                 shape = ts[0].shape if ts else ()
                 ndim, dt = len(shape), dtypes.get(ts[0].dtype, 0) if ts else 0
                 numel = sum(x.numel() for x in ts)
@@ -339,12 +357,20 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
                 peer = p if p is not None else -1
             if ndim > 4:
                 shape = tuple(shape[:4])
+            if group is None:
+                group = rec.default_pg
+            ginfo = groups.get(group)
+            if ginfo is None:
+                ginfo = rec.register_group(group)
+            slot, seqfn = ginfo
+            seq0 = seqfn() if seqfn is not None else 0
+            is_async = always_async or (apos >= 0 and bool(args[apos] if apos < nargs else kwargs.get("async_op")))
             site = rec.sites.caller_site(1)
             stamp = next(rec.stamps)
             off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
             entries[ndim if ndim < 4 else 4].pack_into(
                 mm, off, stamp, seq0 + 1, now(), 0.0, 1, 0, op, dt, ndim if ndim < 256 else 255,
-                flags, ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, stamp,
+                flags | FLAG_ASYNC if is_async else flags, ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, stamp,
             )
         except Exception as exc:  # noqa: BLE001 - recording must never break the collective
             rec.fail(f"recording {spec.name}", exc)
@@ -363,7 +389,7 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
         if off >= 0:
             try:
                 span = seqfn() - seq0 if spans and seqfn is not None else 1
-                if always_async or (apos >= 0 and (args[apos] if apos < nargs else kwargs.get("async_op"))):
+                if is_async:
                     if result is not None:
                         rec.track_async(result, off, stamp, span)
                     else:  # not a member of the group: nothing was issued
@@ -479,7 +505,7 @@ def uninstall() -> bool:
 def _apply_env(rec: Recorder) -> None:
     if not rec.config.torch_env:
         return
-    from .torchenv import apply_torch_env, unapplied_settings
+    from .torchenv import apply_torch_env
 
     prefix = os.path.join(rec.run_dir, "fr", "torch-fr-rank-")
     initialised = dist.is_initialized()
@@ -488,7 +514,7 @@ def _apply_env(rec: Recorder) -> None:
         log.warning(
             "dtwatch: installed after init_process_group; these settings apply only to process groups "
             "created from now on, not to the existing ones: %s. Import dtwatch.auto (or call "
-            "dtwatch.install()) before init_process_group.", ", ".join(unapplied_settings()),
+            "dtwatch.install()) before init_process_group.", ", ".join(c.split("=", 1)[0] for c in changes),
         )
     elif changes:
         try:

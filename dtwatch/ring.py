@@ -100,6 +100,9 @@ OFF_DUMP_REQUEST = LIVE_OFFSET + 320  # <Q
 OFF_DUMP_ACK = LIVE_OFFSET + 328  # <Q
 OFF_COUNTS = LIVE_OFFSET + 336  # <IIII
 OFF_STACK_SIGNAL = LIVE_OFFSET + 352  # <i: signal that makes faulthandler dump stacks (0: none)
+OFF_MAIN_STACK = LIVE_OFFSET + 356  # <8I: site ids of the main thread's user frames, innermost first
+MAIN_STACK_DEPTH = 8
+MAIN_STACK = struct.Struct(f"<{MAIN_STACK_DEPTH}I")
 assert _LIVE.size == 352
 
 HEARTBEAT = struct.Struct("<dQ")
@@ -165,7 +168,8 @@ OPS = (
     "reduce_scatter", "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "batch_isend_irecv",
     "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
     "send_object_list", "recv_object_list", "all_gather_into_tensor_coalesced",
-    "reduce_scatter_tensor_coalesced", "_broadcast_coalesced",
+    "reduce_scatter_tensor_coalesced", "_broadcast_coalesced", "all_gather_single",
+    "reduce_scatter_single",
 )
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 
@@ -329,6 +333,10 @@ class RingWriter:
     def set_exit(self, state: int, code: int, reason: str) -> None:
         EXIT.pack_into(self.mm, OFF_EXIT, state, code, time.time(), _enc(reason, 256))
 
+    def set_main_stack(self, sites: list[int]) -> None:
+        padded = (list(sites) + [0] * MAIN_STACK_DEPTH)[:MAIN_STACK_DEPTH]
+        MAIN_STACK.pack_into(self.mm, OFF_MAIN_STACK, *padded)
+
     def set_stack_signal(self, sig: int) -> None:
         I32.pack_into(self.mm, OFF_STACK_SIGNAL, sig)
 
@@ -473,6 +481,7 @@ class RankSnapshot:
     dump_request: int
     dump_ack: int
     stack_signal: int
+    main_stack: list[Site]  # the main thread's user frames, innermost first (sampled)
     groups: list[GroupInfo]
     sites: list[Site]
     loaders: list[LoaderInfo]
@@ -608,7 +617,9 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         main_site=site_of(main_site), main_top_site=site_of(main_top), main_site_since=main_since,
         step=step, step_time=step_time, exit_state=exit_state, exit_code=exit_code,
         exit_time=exit_time, exit_reason=_dec(exit_reason), dump_request=dump_request,
-        dump_ack=dump_ack, stack_signal=I32.unpack_from(data, OFF_STACK_SIGNAL)[0], groups=groups, sites=sites, loaders=loaders, records=valid.copy(),
+        dump_ack=dump_ack, stack_signal=I32.unpack_from(data, OFF_STACK_SIGNAL)[0],
+        main_stack=[x for x in (site_of(i) for i in MAIN_STACK.unpack_from(data, OFF_MAIN_STACK) if i) if x is not None],
+        groups=groups, sites=sites, loaders=loaders, records=valid.copy(),
     )
 
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from .ring import MAIN_STACK_DEPTH
+
 if TYPE_CHECKING:
     from .recorder import Recorder
 
@@ -37,6 +39,7 @@ class Sampler(threading.Thread):
         self._stop_event = threading.Event()
         self.main_ident = threading.main_thread().ident
         self.last_sites = (0, 0)
+        self.last_stack: list[int] = []
         self.last_seq: dict[int, int] = {}
         self.dumps_done = 0
         self.ticks = 0
@@ -62,7 +65,22 @@ class Sampler(threading.Thread):
         self.ticks += 1
         if self.ticks % GROUP_SCAN_EVERY == 1:
             self.scan_groups()
-        for slot, _pg, seqfn in list(rec.group_list):
+        self.sample_groups(now)
+        rec.poll_pending()
+        self.sample_main_thread(now)
+        request = ring.dump_request()
+        if request != self.dumps_done:
+            self.dumps_done = request
+            dump_flight_recorder(rec.run_dir, dist.get_rank() if dist.is_initialized() else -1, request)
+            ring.ack_dump(request)
+        ring.heartbeat(now, self.ticks)
+
+    def sample_groups(self, now: float) -> None:
+        """Write each group's C++ sequence number where it changed (also called once at the end)."""
+        ring = self.rec.ring
+        if ring is None:
+            return
+        for slot, _pg, seqfn in list(self.rec.group_list):
             if seqfn is None:
                 continue
             try:
@@ -72,14 +90,6 @@ class Sampler(threading.Thread):
             if self.last_seq.get(slot) != seq:
                 self.last_seq[slot] = seq
                 ring.set_group_cpp_seq(slot, seq, now)
-        rec.poll_pending()
-        self.sample_main_thread(now)
-        request = ring.dump_request()
-        if request != self.dumps_done:
-            self.dumps_done = request
-            dump_flight_recorder(rec.run_dir, dist.get_rank() if dist.is_initialized() else -1, request)
-            ring.ack_dump(request)
-        ring.heartbeat(now, self.ticks)
 
     def scan_groups(self) -> None:
         try:
@@ -99,12 +109,19 @@ class Sampler(threading.Thread):
         if frame is None or sites is None:
             return
         top = sites.frame_site(frame)
+        stack: list[int] = []
         user_frame = sites.user_frame(frame)
-        user = sites.frame_site(user_frame) if user_frame is not None else 0
+        while user_frame is not None and len(stack) < MAIN_STACK_DEPTH:
+            stack.append(sites.frame_site(user_frame))
+            user_frame = sites.user_frame(user_frame.f_back)
         del frame, user_frame
+        user = stack[0] if stack else 0
         if (user, top) != self.last_sites:
             self.last_sites = (user, top)
             self.rec.ring.set_main_site(user, top, now)
+        if stack != self.last_stack:
+            self.last_stack = stack
+            self.rec.ring.set_main_stack(stack)
 
 
 def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:

@@ -1,0 +1,104 @@
+"""Incident bundles: one directory per incident per node, mergeable by ``dtwatch analyze``.
+
+Layout (``<run dir>/incidents/<incident id>/<node>/``)::
+
+    index.json            incident id, job, node, window, onset, detection time, findings, files
+    findings.json         the findings (written first, within the stall window + a poll)
+    report.txt            the human report (findings first, then per-rank state, then evidence)
+    ranks/rank-00001.json the rank's state (dtwatch.state.RankState) at detection
+    rings/rank-00001.ring a copy of the rank's ring
+    stacks/rank-00001.txt py-spy (Python + native) or faulthandler stacks; .json with py-spy's JSON
+    fr/rank-00001.pkl     torch's Flight Recorder dump; fr/rank-00001.json a readable summary
+    timeline.svg          per-rank sequence progress around the incident
+
+The findings are written before any evidence is collected, so a slow py-spy or a wedged rank never
+delays the diagnosis; evidence files are added after, and ``index.json`` is rewritten at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .diagnose import Finding
+from .state import RankState
+
+
+def incident_id(finding: Finding, states: list[RankState]) -> str:
+    """The same id on every node for the same incident: group, seq and the job's restart generation."""
+    restart = max((s.restart_count for s in states), default=0)
+    group = finding.group if finding.group is not None else (finding.waiting_group or "x")
+    seq = finding.seq if finding.seq is not None else (finding.waiting_seq or 0)
+    return f"inc-r{restart}-g{group}-s{seq}-{finding.kind}"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class Bundle:
+    def __init__(self, run_dir: str, inc_id: str, node: str) -> None:
+        self.path = Path(run_dir) / "incidents" / inc_id / node
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.id = inc_id
+        self.node = node
+        self.files: dict[str, str] = {}
+
+    def write_findings(self, findings: list[Finding], states: list[RankState], meta: dict) -> None:
+        _write_json(self.path / "findings.json", [f.to_dict() for f in findings])
+        for s in states:
+            _write_json(self.path / "ranks" / f"rank-{s.rank:05d}.json", s.to_dict())
+        self.meta = {"incident_id": self.id, "node": self.node, **meta}
+        self.write_index(findings)
+
+    def write_index(self, findings: list[Finding], complete: bool = False) -> None:
+        _write_json(self.path / "index.json", {
+            **self.meta, "findings": [f.to_dict() for f in findings], "files": self.files,
+            "evidence_complete": complete, "written": time.time(),
+        })
+
+    def add_text(self, rel: str, text: str) -> None:
+        p = self.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        self.files[rel] = rel
+
+    def add_json(self, rel: str, data: Any) -> None:
+        _write_json(self.path / rel, data)
+        self.files[rel] = rel
+
+    def copy(self, src: str, rel: str) -> None:
+        dst = self.path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(src, dst)
+            self.files[rel] = rel
+        except OSError:
+            pass
+
+
+def summarize_flight_record(path: str) -> dict | None:
+    """Readable summary of a torch Flight Recorder pickle: per entry the fields that matter."""
+    try:
+        with open(path, "rb") as f:
+            data = pickle.load(f)  # noqa: S301 - our own rank's dump, written by torch
+    except Exception:
+        return None
+    entries = []
+    for e in data.get("entries", []):
+        frames = e.get("frames") or []
+        entries.append({
+            "group": (e.get("process_group") or ["?"])[0], "seq": e.get("collective_seq_id"),
+            "p2p_seq": e.get("p2p_seq_id"), "op": str(e.get("profiling_name", "")).split(":")[-1],
+            "input_sizes": e.get("input_sizes"), "input_dtypes": e.get("input_dtypes"), "state": e.get("state"),
+            "time_created_ns": e.get("time_created_ns"),
+            "frames": [f"{fr.get('name')} ({fr.get('filename')}:{fr.get('line')})" for fr in frames[:6]],
+        })
+    return {"version": data.get("version"), "pg_config": data.get("pg_config"), "entries": entries}

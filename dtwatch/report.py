@@ -1,0 +1,61 @@
+"""The human report: findings first, then every rank's state, then where the evidence is."""
+from __future__ import annotations
+
+from .diagnose import Finding, fmt_site, with_source
+from .state import RankState
+
+
+def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
+                warnings: list[Finding] | None = None) -> str:
+    out: list[str] = []
+    stalls = [f for f in findings if f.severity == "stall"]
+    warns = [f for f in findings if f.severity != "stall"] + list(warnings or [])
+    job = states[0].job_id if states else "?"
+    out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen")
+    out.append("")
+    if stalls:
+        out.append("STALL")
+        for f in stalls:
+            out.append(f"  [{f.kind}] {f.summary}")
+            if f.site:
+                out.append(f"      culprit site: {fmt_site(f.site)}")
+            if f.waiting_site and f.waiting_ranks:
+                out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
+            if f.onset:
+                out.append(f"      no progress since {now - f.onset:.1f}s before detection")
+    else:
+        out.append("No stall.")
+    if warns:
+        out.append("")
+        out.append("WARNINGS")
+        for f in warns:
+            out.append(f"  [{f.kind}] {f.summary}")
+    out.append("")
+    out.append("RANKS")
+    for s in sorted(states, key=lambda s: s.rank):
+        status = "running" if not s.gone else s.how_it_ended()
+        if s.alive and s.heartbeat_age(now) > 5:
+            status += f", heartbeat {s.heartbeat_age(now):.0f}s old"
+        if s.proc_state == "T":
+            status += ", stopped"
+        out.append(f"  rank {s.rank} (host {s.host}, pid {s.pid}, local rank {s.local_rank}) step {s.step}: {status}")
+        for g in s.groups.values():
+            out.append(f"      group {g.name}: entered seq {g.seq}, completed {g.completed}"
+                       f"{' (C++-issued seq ' + str(g.cpp_seq) + ')' if g.cpp_seq > g.py_seq else ''}")
+        call = s.blocking_call()
+        if call is not None:
+            out.append(f"      inside {call.op} (group {call.group}, seq {call.seq}, {call.fingerprint}) "
+                       f"for {now - call.t_enter:.1f}s from {fmt_site(with_source(call.site))}")
+        if s.main_site:
+            out.append(f"      main thread at {fmt_site(with_source(s.main_site))}")
+        for ld in s.loaders:
+            if ld.get("site"):
+                out.append(f"      DataLoader at {ld['site']['file']}:{ld['site']['line']}: len {ld['length']}, epoch {ld['epochs']}")
+    if bundle_dir:
+        out.append("")
+        out.append("EVIDENCE")
+        out.append(f"  {bundle_dir}/stacks/   py-spy / faulthandler stacks of every rank on this node")
+        out.append(f"  {bundle_dir}/fr/       torch Flight Recorder dumps (pickle + readable JSON)")
+        out.append(f"  {bundle_dir}/rings/    the ranks' dtwatch rings (dtwatch analyze reads them)")
+        out.append(f"  {bundle_dir}/timeline.svg  per-rank sequence progress")
+    return "\n".join(out) + "\n"

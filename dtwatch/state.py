@@ -1,0 +1,209 @@
+"""Per-rank state as the watchdog and the analyzer see it: a small, JSON-serialisable summary of a ring.
+
+A :class:`RankState` is what crosses node boundaries (through the job's c10d store), what an incident
+bundle keeps per rank, and what :mod:`dtwatch.diagnose` reasons about. It is derived from a
+:class:`~dtwatch.ring.RankSnapshot` plus what the node knows about the process (alive, stopped).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .ring import FLAG_ASYNC, FLAG_MARKER, OPS, RankSnapshot, Site
+
+RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
+CPP_OP = "cpp_collective"  # a collective issued from C++ (DDP reducer, FSDP): seen only as a seq
+
+
+@dataclass
+class Call:
+    """One collective call of a rank, as compared across ranks."""
+
+    op: str
+    group: str
+    seq: int
+    site: dict | None
+    t_enter: float
+    t_exit: float = 0.0
+    fingerprint: str = ""
+    is_async: bool = False
+    span: int = 1
+
+    @property
+    def in_flight(self) -> bool:
+        return self.t_exit == 0.0
+
+    @property
+    def site_key(self) -> tuple[str, int] | None:
+        return (self.site["file"], self.site["line"]) if self.site else None
+
+
+@dataclass
+class GroupProgress:
+    name: str
+    members: list[int] | None
+    seq: int  # last sequence number issued (Python or C++)
+    completed: int  # last sequence number known completed (Python-issued calls)
+    py_seq: int  # last sequence number issued from Python
+    cpp_seq: int  # torch's counter as last sampled
+    cpp_seq_time: float  # when that sample last changed
+    recent: list[Call] = field(default_factory=list)
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    job_id: str
+    start_time: float
+    restart_count: int
+    backend: str
+    alive: bool | None  # None: unknown (another node's process, not reported)
+    proc_state: str  # /proc state letter ("R", "S", "D", "T", "Z") or ""
+    exit_state: str  # running / exited / exception / signal / detached
+    exit_reason: str
+    exit_time: float
+    heartbeat_time: float
+    step: int
+    step_time: float
+    groups: dict[str, GroupProgress]
+    open_calls: list[Call]  # entered and not left, oldest first
+    main_site: dict | None  # first user frame of the main thread (sampled)
+    main_top_site: dict | None  # innermost frame of the main thread (sampled)
+    main_site_since: float
+    main_stack: list[dict]  # the main thread's user frames, innermost first (sampled)
+    loaders: list[dict]
+    last_activity: float  # latest enter/exit/step/seq change seen
+    stack_signal: int = 0
+    device_index: int = -1
+    gpu_uuid: str = ""
+    ring_path: str = ""
+    step_times: list[float] = field(default_factory=list)  # recent step marker times
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def gone(self) -> bool:
+        """The process is known to have ended."""
+        return self.alive is False or self.exit_state in ("exited", "exception", "signal")
+
+    def heartbeat_age(self, now: float) -> float:
+        return max(0.0, now - self.heartbeat_time)
+
+    def blocking_call(self) -> Call | None:
+        """The newest synchronous call the rank is inside, if any."""
+        sync = [c for c in self.open_calls if not c.is_async]
+        return sync[-1] if sync else None
+
+    def how_it_ended(self) -> str:
+        if self.exit_state == "exception":
+            return f"raised {self.exit_reason}"
+        if self.exit_state == "exited":
+            return "exited normally (returned or called sys.exit)"
+        if self.exit_state == "detached":
+            return "uninstalled dtwatch"
+        if self.alive is False:
+            return "died without a clean exit (killed by a signal such as SIGKILL/OOM killer, or a hard crash)"
+        return "running"
+
+    def last_call(self) -> Call | None:
+        calls = [c for g in self.groups.values() for c in g.recent]
+        return max(calls, key=lambda c: c.t_enter) if calls else None
+
+    # -- serialisation ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankState":
+        d = dict(d)
+        d["groups"] = {
+            k: GroupProgress(**{**g, "recent": [Call(**c) for c in g.get("recent", [])]}) for k, g in d["groups"].items()
+        }
+        d["open_calls"] = [Call(**c) for c in d.get("open_calls", [])]
+        d.setdefault("main_stack", [])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _site(s: Site | None) -> dict | None:
+    return s.to_dict() if s is not None else None
+
+
+def process_state(pid: int) -> tuple[bool, str]:
+    """(alive, /proc state letter) of a local process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+        letter = raw[raw.rindex(")") + 2]
+        return letter not in ("Z", "X"), letter
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+        return True, ""
+    except ProcessLookupError:
+        return False, ""
+    except PermissionError:
+        return True, ""
+
+
+def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECENT_PER_GROUP) -> RankState:
+    """Summarise a ring. ``local``: the process is on this machine, so its liveness can be checked."""
+    recs = snap.records
+    markers = recs[(recs["flags"] & FLAG_MARKER) != 0]
+    calls = recs[(recs["flags"] & FLAG_MARKER) == 0]
+    last_activity = max(
+        [snap.start_time, snap.step_time]
+        + ([float(calls["t_enter"].max()), float(calls["t_exit"].max())] if len(calls) else [])
+        + [g.cpp_seq_time for g in snap.groups if g.cpp_seq]
+    )
+
+    def call(row: np.void) -> Call:
+        r = snap.record(row)
+        return Call(
+            op=r.op, group=r.group, seq=r.seq, site=_site(r.site), t_enter=r.t_enter, t_exit=r.t_exit,
+            fingerprint=r.fingerprint(), is_async=bool(r.flags & FLAG_ASYNC) or r.op in ("isend", "irecv", "batch_isend_irecv"),
+            span=r.seq_span,
+        )
+
+    groups: dict[str, GroupProgress] = {}
+    for g in snap.groups:
+        mine = calls[calls["group"] == g.slot]
+        ends = mine["seq"].astype(np.int64) + mine["seq_span"].astype(np.int64) - 1
+        py_seq = int(ends.max()) if len(mine) else 0
+        done = ends[mine["t_exit"] != 0.0]
+        groups[g.name] = GroupProgress(
+            name=g.name, members=list(g.members) if g.members is not None else None,
+            seq=max(py_seq, g.cpp_seq), completed=int(done.max()) if len(done) else 0, py_seq=py_seq,
+            cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=[call(r) for r in mine[-recent:]],
+        )
+    open_rows = calls[calls["t_exit"] == 0.0]
+    alive, letter = process_state(snap.pid) if local else (None, "")
+    return RankState(
+        rank=snap.rank, local_rank=snap.local_rank, world_size=snap.world_size, host=snap.host,
+        pid=snap.pid, job_id=snap.job_id, start_time=snap.start_time, restart_count=snap.restart_count,
+        backend=snap.backend, alive=alive, proc_state=letter, exit_state=snap.exit_state_name,
+        exit_reason=snap.exit_reason, exit_time=snap.exit_time, heartbeat_time=snap.heartbeat_time,
+        step=snap.step, step_time=snap.step_time, groups=groups,
+        open_calls=[call(r) for r in open_rows], main_site=_site(snap.main_site),
+        main_top_site=_site(snap.main_top_site), main_site_since=snap.main_site_since,
+        main_stack=[s.to_dict() for s in snap.main_stack],
+        loaders=[
+            {"index": ld.index, "site": _site(ld.site), "length": ld.length, "epochs": ld.epochs,
+             "time": ld.time, "step": ld.step}
+            for ld in snap.loaders
+        ],
+        last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,
+        gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
+        step_times=[float(t) for t in markers["t_enter"][-32:]],
+    )
+
+
+def op_name(code: int) -> str:
+    return OPS[code] if 0 <= code < len(OPS) else "unknown"

@@ -1,0 +1,557 @@
+"""``dtwatch watch``: the node watchdog, a separate process that reads the rings and diagnoses stalls.
+
+It must keep working while a rank is wedged, so it never talks to the training processes except by
+reading their rings (shared memory), sending the faulthandler signal, running py-spy, and raising the
+Flight Recorder dump flag in a ring. One runs per job per node (an exclusive lock in the run
+directory); it starts with a ready handshake (``watchdog-<node>.json`` appears once it serves) and
+exits when its job is over (all ranks gone and nothing new for ``idle_exit`` seconds).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .bundle import Bundle, incident_id, summarize_flight_record
+from .diagnose import (
+    STALL, Finding, check_stall, classify, straggler_lags, straggler_warning, uneven_loader_warnings,
+)
+from .launcher import lock_path
+from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
+from .stacks import faulthandler_dump, pyspy_dump
+from .state import CPP_OP, RankState, from_snapshot
+from .view import NodeView, WatchdogHealth
+
+log = logging.getLogger("dtwatch")
+
+EXIT_OK, EXIT_USAGE, EXIT_FAILED_FAST, EXIT_LOCKED = 0, 2, 3, 4
+
+
+@dataclass(kw_only=True)
+class WatchOptions:
+    dir: str
+    """Root of run directories (``DTWATCH_DIR``); the job's rings are in ``<dir>/<job_id>``."""
+    job_id: str
+    node: str = field(default_factory=socket.gethostname)
+    stall_window: float | None = None
+    """Fixed stall window in seconds; None adapts it to the job within [window_floor, window_ceiling]."""
+    window_floor: float = 20.0
+    window_ceiling: float = 600.0
+    window_multiplier: float = 10.0
+    startup_window: float = 120.0
+    """Window before every rank finished a first step (loading, compiling, first rendezvous)."""
+    poll_interval: float = 0.5
+    metrics_addr: str = "0.0.0.0"
+    metrics_port: int | None = 9464
+    """None: no Prometheus endpoint; 0: any free port."""
+    webhook: str = ""
+    fail_fast: bool = False
+    store: str = ""
+    """HOST:PORT of the job's c10d store for cross-node comparison; "" = from MASTER_ADDR/PORT; "none" = off."""
+    idle_exit: float = 30.0
+    """Exit when all ranks are gone and nothing new appeared for this long; 0 = never."""
+    pyspy: bool = True
+    otlp_endpoint: str = ""
+    heartbeat_stale: float | None = None
+    store_interval: float = 2.0
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.dir, self.job_id)
+
+
+class StallWindow:
+    """The stall window: fixed, or ``multiplier`` x the longest collective seen, clamped to [floor, ceiling]."""
+
+    def __init__(self, opts: WatchOptions) -> None:
+        self.fixed = opts.stall_window
+        self.floor, self.ceiling, self.multiplier = opts.window_floor, opts.window_ceiling, opts.window_multiplier
+        self.startup = opts.startup_window
+        self.longest = 0.0
+        self.started = False
+
+    def observe(self, durations: np.ndarray, states: list[RankState]) -> None:
+        if len(durations):
+            self.longest = max(self.longest, float(durations.max()))
+        if not self.started and states and all(s.step >= 1 for s in states):
+            self.started = True
+
+    @property
+    def value(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        adaptive = min(max(self.multiplier * self.longest, self.floor), self.ceiling)
+        return adaptive if self.started else max(adaptive, self.startup)
+
+
+class Watchdog:
+    def __init__(self, opts: WatchOptions) -> None:
+        self.opts = opts
+        self.run_dir = opts.run_dir
+        self.window = StallWindow(opts)
+        self.health = WatchdogHealth(started=time.time(), version=__version__)
+        self.identity: dict[int, tuple[int, float]] = {}  # rank -> (pid, start_time)
+        self.restarts: dict[int, int] = {}
+        self.processed: dict[int, int] = {}  # rank -> highest stamp handed to exporters
+        self.incident: dict | None = None
+        self.incidents_total = 0
+        self.findings_total: dict[tuple[str, str], int] = {}
+        self.warned: set[tuple] = set()
+        self.warnings: list[Finding] = []
+        self.exporters: list = []
+        self.webhook = None
+        self.store = None
+        self.store_last = 0.0
+        self.remote: list[RankState] = []
+        self.failed_fast = False
+        self.stop_event = threading.Event()
+        self.last_seen_activity = time.time()
+        self.ever_saw_ranks = False
+        self.lock_fd: int | None = None
+        self.metrics_server = None
+        self.last_view: NodeView | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def acquire_lock(self) -> bool:
+        os.makedirs(self.run_dir, exist_ok=True)
+        fd = os.open(lock_path(self.run_dir, self.opts.node), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.lock_fd = fd
+        return True
+
+    def error(self, component: str) -> None:
+        self.health.errors[component] = self.health.errors.get(component, 0) + 1
+
+    def start_services(self) -> None:
+        opts = self.opts
+        if opts.metrics_port is not None:
+            try:
+                from .exporter import MetricsServer, PrometheusExporter
+
+                exporter = PrometheusExporter(job_id=opts.job_id, node=opts.node)
+                self.metrics_server = MetricsServer(
+                    exporter.registry, addr=opts.metrics_addr, port=opts.metrics_port,
+                    health_fn=self.healthy, url_file=os.path.join(self.run_dir, f"watchdog-{opts.node}.json"),
+                    node=opts.node,
+                )
+                self.exporters.append(exporter)
+            except OSError as exc:
+                log.warning("dtwatch: metrics endpoint %s:%s unavailable (%s); diagnosis continues without it",
+                            opts.metrics_addr, opts.metrics_port, exc)
+                self.error("metrics")
+            except ImportError as exc:
+                log.warning("dtwatch: Prometheus exporter unavailable: %s", exc)
+        if opts.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            try:
+                from .otel import OtelExporter
+
+                self.exporters.append(OtelExporter(job_id=opts.job_id, node=opts.node, endpoint=opts.otlp_endpoint or None))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("dtwatch: OpenTelemetry export unavailable: %s", exc)
+                self.error("otel")
+        if opts.webhook:
+            from .alerts import Webhook
+
+            self.webhook = Webhook(opts.webhook, on_error=lambda: self.error("webhook"))
+        store = opts.store or (
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT") else ""
+        )
+        if store and store != "none":
+            host, _, port = store.rpartition(":")
+            from .store import JobStore
+
+            self.store = JobStore(host, int(port), opts.job_id, opts.node)
+        ready = {"pid": os.getpid(), "node": opts.node, "job_id": opts.job_id, "started": self.health.started,
+                 "url": getattr(self.metrics_server, "url", None)}
+        _atomic_json(os.path.join(self.run_dir, f"watchdog-{opts.node}.json"), ready)
+        if self.metrics_server is not None:
+            self.metrics_server.ready = True
+
+    def healthy(self) -> bool:
+        return time.time() - self.last_poll < max(10.0, 20 * self.opts.poll_interval)
+
+    last_poll = 0.0
+
+    def run(self) -> int:
+        if not self.acquire_lock():
+            log.info("dtwatch: a watchdog already runs for %s on %s", self.run_dir, self.opts.node)
+            return EXIT_LOCKED
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, lambda *_: self.stop_event.set())
+            except ValueError:
+                pass  # not the main thread (tests)
+        self.start_services()
+        log.info("dtwatch: watching %s on %s", self.run_dir, self.opts.node)
+        try:
+            while not self.stop_event.is_set():
+                t0 = time.perf_counter()
+                try:
+                    if self.poll():
+                        break
+                except Exception as exc:  # noqa: BLE001 - the watchdog must outlive its own bugs
+                    log.exception("dtwatch: watchdog poll failed: %r", exc)
+                    self.error("poll")
+                self.health.poll_seconds.append(time.perf_counter() - t0)
+                self.last_poll = time.time()
+                self.stop_event.wait(self.opts.poll_interval)
+        finally:
+            self.shutdown()
+        return EXIT_FAILED_FAST if self.failed_fast else EXIT_OK
+
+    def shutdown(self) -> None:
+        for exp in self.exporters:
+            try:
+                exp.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.webhook is not None:
+            self.webhook.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+
+    # -- one poll -------------------------------------------------------------------------------------
+    def read_local(self) -> dict[int, RankSnapshot]:
+        snaps: dict[int, RankSnapshot] = {}
+        for path in find_rings(self.run_dir):
+            try:
+                snap = read_ring(path)
+            except (OSError, RingFormatError):
+                continue
+            if snap.host != self.opts.node and snap.host != socket.gethostname():
+                continue
+            ident = (snap.pid, snap.start_time)
+            old = self.identity.get(snap.rank)
+            if old is not None and old != ident:
+                self.restarts[snap.rank] = self.restarts.get(snap.rank, 0) + 1
+                self.processed[snap.rank] = 0
+            self.identity[snap.rank] = ident
+            snaps[snap.rank] = snap
+        return snaps
+
+    def poll(self) -> bool:
+        """One look at the job; returns True when the watchdog should exit."""
+        now = time.time()
+        snaps = self.read_local()
+        local = [from_snapshot(s) for s in snaps.values()]
+        if local:
+            self.ever_saw_ranks = True
+        new_records = self.take_new_records(snaps)
+        durations = np.concatenate([
+            (r["t_exit"] - r["t_enter"])[(r["flags"] & 16) == 0] for r in new_records.values()
+        ]) if new_records else np.empty(0)
+        self.window.observe(durations, local)
+        self.exchange(local, now)
+        states = self.merge(local)
+        window = self.window.value
+
+        check = check_stall(states, now, window, self.opts.heartbeat_stale) if states else None
+        if check is not None and check.stalled and self.incident is None:
+            self.open_incident(states, check, now, snaps)
+        elif self.incident is not None and check is not None and not check.stalled and \
+                max(s.last_activity for s in states) > self.incident["onset"]:
+            self.close_incident(now)
+        if states and self.incident is None:
+            self.check_warnings(states, now)
+
+        self.export(snaps, local, states, new_records, now, window)
+        if any(not s.gone for s in local) or any(s.last_activity > self.last_seen_activity for s in local):
+            self.last_seen_activity = max([now] + [s.last_activity for s in local])
+        if self.opts.idle_exit and self.ever_saw_ranks and all(s.gone for s in local) and \
+                now - self.last_seen_activity > self.opts.idle_exit and self.incident_idle():
+            log.info("dtwatch: all ranks of %s are gone; watchdog exiting", self.opts.job_id)
+            return True
+        return False
+
+    def incident_idle(self) -> bool:
+        return self.incident is None or self.incident.get("evidence_done", True)
+
+    def take_new_records(self, snaps: dict[int, RankSnapshot]) -> dict[int, np.ndarray]:
+        out = {}
+        for rank, snap in snaps.items():
+            recs = snap.records
+            last = self.processed.get(rank, 0)
+            done = recs[(recs["stamp"] > last) & (recs["t_exit"] != 0.0)]
+            # Hand over in stamp order, but never past a record still in flight (it is handed over
+            # once it completes).
+            inflight = recs[(recs["stamp"] > last) & (recs["t_exit"] == 0.0)]
+            if len(inflight):
+                done = done[done["stamp"] < inflight["stamp"].min()]
+            if len(done):
+                self.processed[rank] = int(done["stamp"].max())
+            out[rank] = done
+        return out
+
+    def exchange(self, local: list[RankState], now: float) -> None:
+        if self.store is None or not local:
+            return
+        world = local[0].world_size
+        if len(local) >= world:
+            return  # every rank is on this node
+        suspicious = any(s.open_calls for s in local)
+        interval = self.opts.store_interval if suspicious or self.incident else self.opts.store_interval * 5
+        if now - self.store_last < interval:
+            return
+        self.store_last = now
+        try:
+            self.store.publish(local)
+            self.remote = self.store.fetch()
+        except Exception as exc:  # noqa: BLE001
+            if self.health.errors.get("store", 0) == 0:
+                log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",
+                            self.store.host, self.store.port, exc)
+            self.error("store")
+            self.store = None if "refused" in str(exc).lower() and not self.ever_saw_ranks else self.store
+
+    def merge(self, local: list[RankState]) -> list[RankState]:
+        mine = {s.rank for s in local}
+        return sorted(local + [s for s in self.remote if s.rank not in mine], key=lambda s: s.rank)
+
+    # -- warnings -------------------------------------------------------------------------------------
+    def check_warnings(self, states: list[RankState], now: float) -> None:
+        found = uneven_loader_warnings(states, now)
+        strag = straggler_warning(states, now)
+        if strag is not None:
+            found.append(strag)
+        for f in found:
+            key = (f.kind, tuple(f.ranks), json.dumps(f.details.get("loader", {}).get("lengths")) if f.kind != "straggler" else "")
+            if key in self.warned:
+                continue
+            self.warned.add(key)
+            self.warnings.append(f)
+            self.count_finding(f)
+            log.warning("dtwatch WARNING [%s]: %s", f.kind, f.summary)
+            self.append_event({"event": "warning", **f.to_dict()})
+            if self.webhook is not None:
+                self.webhook.send(self.alert_payload("warning", [f]))
+
+    def count_finding(self, f: Finding) -> None:
+        key = (f.kind, f.severity)
+        self.findings_total[key] = self.findings_total.get(key, 0) + 1
+
+    def append_event(self, event: dict) -> None:
+        try:
+            with open(os.path.join(self.run_dir, f"events-{self.opts.node}.jsonl"), "a") as f:
+                f.write(json.dumps(event, default=str) + "\n")
+        except OSError:
+            self.error("events")
+
+    def alert_payload(self, status: str, findings: list[Finding]) -> dict:
+        return {
+            "source": "dtwatch", "status": status, "job_id": self.opts.job_id, "node": self.opts.node,
+            "incident_id": self.incident["id"] if self.incident else None,
+            "bundle": str(self.incident["bundle"].path) if self.incident else None,
+            "summary": findings[0].summary if findings else "",
+            "findings": [f.to_dict() for f in findings],
+        }
+
+    # -- incidents ------------------------------------------------------------------------------------
+    def open_incident(self, states: list[RankState], check, now: float, snaps: dict[int, RankSnapshot]) -> None:
+        findings = classify(states, check, now)
+        inc = incident_id(findings[0], states)
+        bundle = Bundle(self.run_dir, inc, self.opts.node)
+        local = [s for s in states if s.rank in snaps]
+        bundle.write_findings(findings, states, {
+            "job_id": self.opts.job_id, "window": self.window.value, "onset": check.last_progress,
+            "detected": now, "local_ranks": sorted(snaps), "world_size": states[0].world_size,
+        })
+        from .report import render_text
+
+        bundle.add_text("report.txt", render_text(findings, states, now=now))
+        self.incident = {"id": inc, "bundle": bundle, "findings": findings, "onset": check.last_progress,
+                         "detected": now, "evidence_done": False}
+        self.incidents_total += 1
+        for f in findings:
+            self.count_finding(f)
+            log.error("dtwatch STALL [%s]: %s", f.kind, f.summary)
+        print(f"dtwatch: STALL diagnosed — {findings[0].summary}\n  bundle: {bundle.path}", flush=True)
+        self.append_event({"event": "stall", "incident_id": inc, "bundle": str(bundle.path),
+                           "findings": [f.to_dict() for f in findings]})
+        if self.webhook is not None:
+            self.webhook.send(self.alert_payload("stall", findings))
+        threading.Thread(target=self.collect_evidence, args=(states, local, snaps), name="dtwatch-evidence",
+                         daemon=True).start()
+
+    def collect_evidence(self, states: list[RankState], local: list[RankState], snaps: dict[int, RankSnapshot]) -> None:
+        inc = self.incident
+        if inc is None:
+            return
+        bundle: Bundle = inc["bundle"]
+        findings: list[Finding] = inc["findings"]
+        try:
+            requests = {}
+            for s in local:
+                try:
+                    requests[s.rank] = request_dump(s.ring_path)
+                except OSError:
+                    pass
+            for s in local:
+                bundle.copy(s.ring_path, f"rings/rank-{s.rank:05d}.ring")
+            self.collect_stacks(bundle, local)
+            deadline = time.time() + 3.0
+            pending = dict(requests)
+            while pending and time.time() < deadline:
+                for rank, req in list(pending.items()):
+                    fr = os.path.join(self.run_dir, "fr", f"rank-{rank:05d}.{req}.pkl")
+                    if os.path.exists(fr):
+                        bundle.copy(fr, f"fr/rank-{rank:05d}.pkl")
+                        summary = summarize_flight_record(fr)
+                        if summary is not None:
+                            bundle.add_json(f"fr/rank-{rank:05d}.json", summary)
+                            refine_cpp_ops(findings, rank, summary)
+                        del pending[rank]
+                time.sleep(0.1)
+            for rank in pending:
+                bundle.add_text(f"fr/rank-{rank:05d}.missing.txt",
+                                "no Flight Recorder dump: the rank's sampler thread did not answer (GIL held or process stopped)\n")
+            try:
+                from .timeline import render_svg
+
+                bundle.add_text("timeline.svg", render_svg(states, findings, now=inc["detected"]))
+            except Exception as exc:  # noqa: BLE001
+                log.debug("dtwatch: timeline failed: %r", exc)
+            from .report import render_text
+
+            bundle.add_text("report.txt", render_text(findings, states, now=inc["detected"], bundle_dir=str(bundle.path)))
+            bundle.add_json("findings.json", [f.to_dict() for f in findings])
+            bundle.write_index(findings, complete=True)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("dtwatch: collecting evidence failed: %r", exc)
+            self.error("dump")
+        finally:
+            inc["evidence_done"] = True
+        if self.opts.fail_fast:
+            self.fail_fast(local)
+
+    def collect_stacks(self, bundle: Bundle, local: list[RankState]) -> None:
+        results: dict[int, object] = {}
+
+        def one(s: RankState) -> None:
+            dump = None
+            if self.opts.pyspy and s.alive:
+                dump = pyspy_dump(s.rank, s.pid)
+            if (dump is None or not dump.ok) and s.alive and s.proc_state != "T":
+                stack_file = os.path.join(self.run_dir, "stacks", f"rank-{s.rank:05d}.txt")
+                fh = faulthandler_dump(s.rank, s.pid, s.stack_signal, stack_file)
+                if dump is not None and not dump.ok:
+                    fh.advice, fh.error = dump.advice, f"py-spy: {dump.error}"
+                dump = fh
+            results[s.rank] = dump
+
+        threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in local if not s.gone]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        for rank, dump in sorted(results.items()):
+            if dump is None:
+                continue
+            header = f"# rank {rank} pid {dump.pid}: {dump.method} {'ok' if dump.ok else 'FAILED: ' + dump.error}\n"
+            if dump.advice:
+                header += f"# advice: {dump.advice}\n"
+            bundle.add_text(f"stacks/rank-{rank:05d}.txt", header + dump.text)
+            if dump.threads is not None:
+                bundle.add_json(f"stacks/rank-{rank:05d}.json", dump.threads)
+
+    def fail_fast(self, local: list[RankState]) -> None:
+        """End the job so torchrun / Kubernetes can restart it instead of waiting out the timeout."""
+        self.failed_fast = True
+        pids = [s.pid for s in local if s.alive]
+        log.error("dtwatch: --fail-fast: terminating this node's ranks %s", [s.rank for s in local if s.alive])
+        print(f"dtwatch: --fail-fast: terminating ranks {[s.rank for s in local if s.alive]} (pids {pids})", flush=True)
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            deadline = time.time() + wait
+            while wait and time.time() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.1)
+
+    def close_incident(self, now: float) -> None:
+        inc = self.incident
+        log.warning("dtwatch: progress resumed; incident %s closed after %.0fs", inc["id"], now - inc["onset"])
+        self.append_event({"event": "resolved", "incident_id": inc["id"], "after_s": now - inc["onset"]})
+        if self.webhook is not None:
+            self.webhook.send({**self.alert_payload("resolved", inc["findings"])})
+        self.incident = None
+
+    # -- exporters ------------------------------------------------------------------------------------
+    def export(self, snaps, local, states, new_records, now, window) -> None:
+        if not self.exporters:
+            return
+        lag: dict[tuple[int, str], int] = {}
+        leaders: dict[str, int] = {}
+        for s in states:
+            for g in s.groups.values():
+                leaders[g.name] = max(leaders.get(g.name, 0), g.seq)
+        for s in local:
+            for g in s.groups.values():
+                lag[(s.rank, g.name)] = leaders[g.name] - g.seq
+        findings = list(self.incident["findings"]) if self.incident else []
+        stalled = set(f_r for f in findings for f_r in f.ranks + f.waiting_ranks)
+        culprits = set(r for f in findings for r in f.ranks)
+        health = self.health
+        view = NodeView(
+            job_id=self.opts.job_id, node=self.opts.node, now=now, window=window, local=local,
+            all_states=states, snapshots=snaps, new_records=new_records, seq_lag=lag,
+            straggler_lag=straggler_lags(states), stalled_ranks=stalled, culprit_ranks=culprits,
+            incident_open=self.incident is not None, incidents_total=self.incidents_total,
+            findings_total=dict(self.findings_total), restarts=dict(self.restarts),
+            findings=findings + self.warnings[-20:], health=health,
+        )
+        self.last_view = view
+        for exp in self.exporters:
+            try:
+                exp.update(view)
+            except Exception as exc:  # noqa: BLE001
+                self.error(type(exp).__name__)
+                log.debug("dtwatch: exporter failed: %r", exc)
+        health.poll_seconds = []
+
+
+def refine_cpp_ops(findings: list[Finding], rank: int, fr_summary: dict) -> None:
+    """Name collectives issued from C++ using the Flight Recorder entry with the same group and seq."""
+    for f in findings:
+        for attr_op, attr_group, attr_seq, ranks in (("op", "group", "seq", f.ranks), ("waiting_op", "waiting_group", "waiting_seq", f.waiting_ranks)):
+            if getattr(f, attr_op) != CPP_OP or rank not in ranks:
+                continue
+            group, seq = getattr(f, attr_group), getattr(f, attr_seq)
+            for e in fr_summary.get("entries", []):
+                # Flight Recorder numbers collectives from 0 before issuing; dtwatch from 1 after.
+                if str(e.get("group")) == str(group) and e.get("seq") is not None and int(e["seq"]) + 1 == seq:
+                    setattr(f, attr_op, e["op"])
+                    f.details.setdefault("issued_from_cpp", {})[str(rank)] = e
+                    break
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _atomic_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    Path(tmp).write_text(json.dumps(data))
+    os.replace(tmp, path)
