@@ -1,8 +1,12 @@
 """Call sites: the first frame outside torch and dtwatch, interned as small integer ids in the ring.
 
-Resolution is on the hot path, so both steps are cached: whether a code object is internal (by code
-object), and the site id (by code object and line). A call from user code costs one frame hop and
-two dict lookups.
+Resolution is on the hot path, so both steps are cached: whether a code object is internal, and the
+site id (by code object and instruction offset: ``f_lineno`` scans the code's line table on every
+access, ~1 us late in a long function; ``f_lasti`` is free). A call from user code costs one frame
+hop and two dict lookups.
+The caches are keyed by ``id(code)``, not by the code object: hashing a code object is not cached by
+CPython and costs ~1.5 us for a typical training function (it hashes its constants each time). Every
+code object keyed is kept alive in ``_codes``, so an id is never reused for another one.
 """
 from __future__ import annotations
 
@@ -31,9 +35,11 @@ class SiteTable:
 
     def __init__(self, register: Callable[[str, int, str], int]) -> None:
         self._register = register
-        self._internal: dict[CodeType, bool] = {}
-        self._user: dict[CodeType, bool] = {}  # for the sampler: also skips the standard library
-        self._ids: dict[tuple[CodeType, int], int] = {}
+        self._internal: dict[int, bool] = {}  # id(code) -> torch/dtwatch?
+        self._user: dict[int, bool] = {}  # for the sampler: also skips the standard library
+        self._ids: dict[tuple[int, int], int] = {}  # (id(code), line) -> site id
+        self._by_pos: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id (hot path)
+        self._codes: dict[int, CodeType] = {}  # keeps the code objects above alive
         self._lock = threading.Lock()
 
     def caller_site(self, depth: int) -> int:
@@ -41,20 +47,27 @@ class SiteTable:
         f = sys._getframe(depth + 1)
         internal = self._internal
         while f is not None:
-            code = f.f_code
-            flag = internal.get(code)
+            key = id(f.f_code)
+            flag = internal.get(key)
             if flag is None:
-                flag = internal[code] = _is_internal_file(os.path.abspath(code.co_filename))
+                code = f.f_code
+                self._codes[key] = code
+                flag = internal[key] = _is_internal_file(os.path.abspath(code.co_filename))
             if not flag:
                 break
             f = f.f_back
         if f is None:
             return 0
-        site = self._ids.get((code, f.f_lineno))
-        return site if site is not None else self._new_site(f)
+        pos = (key, f.f_lasti)
+        site = self._by_pos.get(pos)
+        if site is None:
+            site = self._new_site(f)
+            if site:
+                self._by_pos[pos] = site
+        return site
 
     def frame_site(self, frame: FrameType) -> int:
-        site = self._ids.get((frame.f_code, frame.f_lineno))
+        site = self._ids.get((id(frame.f_code), frame.f_lineno))
         return site if site is not None else self._new_site(frame)
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
@@ -62,10 +75,12 @@ class SiteTable:
         user = self._user
         while frame is not None:
             code = frame.f_code
-            flag = user.get(code)
+            key = id(code)
+            flag = user.get(key)
             if flag is None:
                 path = os.path.abspath(code.co_filename)
-                flag = user[code] = not (_is_internal_file(path) or path.startswith(_STDLIB_DIRS))
+                self._codes[key] = code
+                flag = user[key] = not (_is_internal_file(path) or path.startswith(_STDLIB_DIRS))
             if flag:
                 return frame
             frame = frame.f_back
@@ -73,11 +88,13 @@ class SiteTable:
 
     def _new_site(self, frame: FrameType) -> int:
         code, line = frame.f_code, frame.f_lineno
+        key = id(code)
         with self._lock:
-            site = self._ids.get((code, line))
+            site = self._ids.get((key, line))
             if site is None:
                 name = getattr(code, "co_qualname", code.co_name)
                 site = self._register(os.path.abspath(code.co_filename), line or 0, name)
                 if site:  # 0 = table full: do not cache, so nothing wrong sticks
-                    self._ids[(code, line)] = site
+                    self._codes[key] = code
+                    self._ids[(key, line)] = site
         return site

@@ -43,9 +43,12 @@ KINDS = (
     "rank_conditional", "uneven_iterations", "stuck_outside_collective", "rank_exited", "mismatch",
     "unresponsive", "straggler", "stalled_collective",
 )
-# The main thread's site must have been still for this long after a C++-issued collective for the
-# rank to count as blocked in it.
-CPP_BLOCK_SLACK = 1.0
+# Exceptions that are the consequence of a peer's death, not a cause (gloo and NCCL wording).
+PEER_ERRORS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "read error", "write error",
+    "communicator was aborted", "nccl communicator", "socket closed", "connection refused",
+    "timed out", "timeout", "keyboardinterrupt",
+)
 
 
 @dataclass
@@ -141,18 +144,23 @@ def _describe(call: Call | None) -> str:
 # positions
 # ---------------------------------------------------------------------------------------------------
 def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None:
-    """A collective issued from C++ that the rank appears to wait in (no Python record covers it)."""
+    """A collective issued from C++ (DDP/FSDP) that the rank must be waiting in.
+
+    The rank's latest operation in a group was issued from C++ and cannot have completed: some member of
+    the group has not issued that sequence number yet, or sits inside a different (Python) collective at
+    that same number. If every member has issued it and nobody disagrees, it completed.
+    """
     best: Call | None = None
     for g in s.groups.values():
-        if g.cpp_seq <= g.py_seq or g.cpp_seq == 0:
+        if g.cpp_seq == 0 or g.cpp_seq <= g.py_seq:
             continue
-        if s.main_site_since > g.cpp_seq_time + CPP_BLOCK_SLACK:
-            continue  # the main thread moved on after issuing it
-        others = [by_rank[m].groups[g.name].seq for m in (g.members or []) if m in by_rank and m != s.rank and g.name in by_rank[m].groups]
-        if others and min(others) >= g.cpp_seq and all(
-            by_rank[m].groups[g.name].completed >= g.cpp_seq for m in (g.members or []) if m in by_rank and m != s.rank
-        ):
-            continue  # everyone got past it
+        peers = [by_rank[m] for m in (g.members or []) if m in by_rank and m != s.rank and g.name in by_rank[m].groups]
+        behind = any(p.groups[g.name].seq < g.cpp_seq for p in peers)
+        disagrees = any(
+            c.group == g.name and c.seq == g.cpp_seq for p in peers for c in p.open_calls if not c.is_async
+        )
+        if not (behind or disagrees):
+            continue
         call = Call(op=CPP_OP, group=g.name, seq=g.cpp_seq, site=s.main_site, t_enter=g.cpp_seq_time,
                     fingerprint=CPP_OP)
         if best is None or call.t_enter > best.t_enter:
@@ -244,111 +252,120 @@ def loader_evidence(states: list[RankState]) -> list[dict]:
     return out
 
 
-def classify(
-    states: list[RankState], check: StallCheck, now: float, lint: LintCheck | None = None
-) -> list[Finding]:
-    """Explain a stall. ``check`` must say ``stalled``."""
-    lint = lint or _default_lint
-    pos = check.positions
-    by_rank = {s.rank: s for s in states}
-    blocked = [pos[r] for r in check.blocked if pos[r].call is not None]
-    waiting = sorted(r for r in check.blocked)
-    first_wait = min(blocked, key=lambda p: p.call.t_enter) if blocked else None
-    base = dict(
-        waiting_ranks=waiting,
-        waiting_op=first_wait.call.op if first_wait else None,
-        waiting_group=first_wait.call.group if first_wait else None,
-        waiting_seq=first_wait.call.seq if first_wait else None,
-        waiting_site=with_source(first_wait.call.site) if first_wait else None,
-        onset=check.last_progress, detected=now,
-    )
-    waiting_txt = (
-        f"{fmt_ranks(waiting)} wait in {_describe(first_wait.call)} at {fmt_site(with_source(first_wait.call.site))}"
-        if first_wait else "the others wait"
-    )
-    loaders = loader_evidence(states)
-    steps = {s.rank: s.step for s in states}
+class _Context:
+    """What every finding of one diagnosis shares: positions, loader and step evidence, timing."""
 
-    def iteration_finding(short: list[int], waiting_ranks: list[int], how: str) -> Finding | None:
-        short_steps = {steps[r] for r in short}
-        long_steps = {steps[r] for r in waiting_ranks if r in steps}
-        loader = next((ld for ld in loaders if set(ld["short_ranks"]) & set(short)), None)
-        if loader is None and not (short_steps and long_steps and max(short_steps) < min(long_steps)):
-            return None
-        culprits = loader["short_ranks"] if loader else short
-        sd = by_rank[culprits[0]]
-        last = sd.last_call()
-        site = loader["site"] if loader else with_source(last.site if last else None)
-        counts = (
-            f"DataLoader at {fmt_site(loader['site'])} has lengths {loader['lengths']}"
-            if loader else f"steps: {', '.join(f'rank {r}={steps[r]}' for r in sorted(steps))}"
+    def __init__(self, states: list[RankState], pos: dict[int, Position], onset: float, now: float, lint: LintCheck) -> None:
+        self.states, self.pos, self.onset, self.now, self.lint = states, pos, onset, now, lint
+        self.by_rank = {s.rank: s for s in states}
+        self.loaders = loader_evidence(states)
+        self.steps = {s.rank: s.step for s in states}
+
+    def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
+        """Finding fields and a phrase for the ranks that wait on the culprits."""
+        ranks = sorted(set(ranks))
+        calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
+        first = min(calls, key=lambda p: p.call.t_enter) if calls else None
+        fields = dict(
+            waiting_ranks=ranks, waiting_op=first.call.op if first else None,
+            waiting_group=first.call.group if first else None, waiting_seq=first.call.seq if first else None,
+            waiting_site=with_source(first.call.site) if first else None, onset=self.onset, detected=self.now,
         )
+        text = (f"{fmt_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {_describe(first.call)} at "
+                f"{fmt_site(with_source(first.call.site))}") if first else f"{fmt_ranks(ranks)} wait"
+        return fields, text
+
+    def uneven(self, candidates: list[int], others: list[int], how: str) -> Finding | None:
+        """Uneven iterations if the candidates' DataLoaders are the short ones, or they ran fewer steps."""
+        loader = next((ld for ld in self.loaders if set(ld["short_ranks"]) & set(candidates)), None)
+        cand_steps = [self.steps[r] for r in candidates if r in self.steps]
+        other_steps = [self.steps[r] for r in others if r in self.steps]
+        if loader is None and not (cand_steps and other_steps and max(cand_steps) < min(other_steps)):
+            return None
+        culprits = sorted(set(loader["short_ranks"]) & set(candidates)) if loader else sorted(candidates)
+        last = self.by_rank[culprits[0]].last_call()
+        fields, waiting_txt = self.waiting(r for r in others if r not in culprits)
+        counts = (f"DataLoader at {fmt_site(loader['site'])} has lengths {loader['lengths']}" if loader
+                  else "steps: " + ", ".join(f"rank {r}={n}" for r, n in sorted(self.steps.items())))
         return Finding(
             kind="uneven_iterations", severity=STALL, ranks=culprits,
             summary=f"{fmt_ranks(culprits)} ran fewer iterations and {how}; {waiting_txt}. {counts}",
             op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
-            site=site, details={"steps": {str(r): n for r, n in sorted(steps.items())}, "loaders": loaders}, **base,
+            site=loader["site"] if loader else with_source(last.site if last else None),
+            details={"steps": {str(r): n for r, n in sorted(self.steps.items())}, "loaders": self.loaders}, **fields,
         )
 
-    findings: list[Finding] = []
-    gone = [p for p in pos.values() if p.state == "gone"]
+    def exited(self, r: int, others: list[int], extra: str = "") -> Finding:
+        s = self.by_rank[r]
+        last = s.last_call()
+        fields, waiting_txt = self.waiting(others)
+        return Finding(
+            kind="rank_exited", severity=STALL, ranks=[r],
+            summary=f"rank {r} {s.how_it_ended()}; its last collective was {_describe(last)} at "
+                    f"{fmt_site(with_source(last.site if last else None))}; {waiting_txt}{extra}",
+            op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
+            site=with_source(last.site if last else None),
+            details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host}, **fields,
+        )
+
+
+def classify(
+    states: list[RankState], check: StallCheck, now: float, lint: LintCheck | None = None
+) -> list[Finding]:
+    """Explain a stall. ``check`` must say ``stalled``."""
+    ctx = _Context(states, check.positions, check.last_progress, now, lint or _default_lint)
+    pos, by_rank = ctx.pos, ctx.by_rank
+    blocked = [pos[r] for r in check.blocked if pos[r].call is not None]
+    waiting = sorted(check.blocked)
+
+    gone = [p.rank for p in pos.values() if p.state == "gone"]
     if gone:
-        crashed = [p.rank for p in gone if by_rank[p.rank].exit_state != "exited"]
-        clean = [p.rank for p in gone if by_rank[p.rank].exit_state == "exited"]
-        if clean and not crashed:
-            f = iteration_finding(clean, waiting, "exited the loop and the process")
+        clean = [r for r in gone if by_rank[r].exit_state == "exited"]
+        if len(clean) == len(gone):
+            f = ctx.uneven(clean, waiting, "left the loop, then the process exited")
             if f:
                 return [f]
-            if first_wait and conditional_evidence(by_rank[first_wait.rank], first_wait.call, lint):
-                return [_conditional(first_wait, blocked, pos, by_rank, base, f"{fmt_ranks(clean)} exited normally", lint=lint)]
-        for r in crashed + clean:
-            s = by_rank[r]
-            last = s.last_call()
-            findings.append(Finding(
-                kind="rank_exited", severity=STALL, ranks=[r],
-                summary=f"rank {r} {s.how_it_ended()}; its last collective was {_describe(last)} at "
-                        f"{fmt_site(with_source(last.site if last else None))}; {waiting_txt}",
-                op=last.op if last else None, group=last.group if last else None,
-                seq=last.seq if last else None, site=with_source(last.site if last else None),
-                details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host},
-                **base,
-            ))
-        return findings
+            first = min(blocked, key=lambda p: p.call.t_enter) if blocked else None
+            if first and conditional_evidence(by_rank[first.rank], first.call, ctx.lint):
+                return [_conditional(ctx, [p for p in blocked if p.key() == first.key()], f"{fmt_ranks(clean)} exited normally")]
+        return [ctx.exited(r, waiting) for r in sorted(gone)]
 
     wedged = [p for p in pos.values() if p.state == "unresponsive"]
     if wedged:
+        findings = []
         for p in wedged:
             s = by_rank[p.rank]
-            where = fmt_site(with_source(s.main_site))
+            fields, waiting_txt = ctx.waiting(r for r in waiting if r != p.rank)
             state = {"T": "stopped (SIGSTOP/debugger)", "D": "in uninterruptible I/O"}.get(s.proc_state, "not running Python")
             findings.append(Finding(
                 kind="unresponsive", severity=STALL, ranks=[p.rank],
                 summary=f"rank {p.rank} is alive but unresponsive ({state}; heartbeat {s.heartbeat_age(now):.0f}s old), "
-                        f"last seen at {where}; {waiting_txt}",
+                        f"last seen at {fmt_site(with_source(s.main_site))}; {waiting_txt}",
                 op=p.call.op if p.call else None, group=p.call.group if p.call else None,
                 seq=p.call.seq if p.call else None, site=with_source(s.main_site),
                 details={"proc_state": s.proc_state, "heartbeat_age_s": round(s.heartbeat_age(now), 1),
                          "main_top_site": s.main_top_site, "pid": s.pid, "host": s.host},
-                **base,
+                **fields,
             ))
         return findings
 
-    outside = [p for p in pos.values() if p.state == "outside"]
+    outside = [p.rank for p in pos.values() if p.state == "outside"]
     if outside:
-        short = [p.rank for p in outside]
-        f = iteration_finding(short, waiting, "are outside any collective")
+        f = ctx.uneven(outside, waiting, "are outside any collective")
         if f:
             return [f]
-        for p in outside:
-            s = by_rank[p.rank]
+        findings = []
+        fields, waiting_txt = ctx.waiting(waiting)
+        first_group = fields["waiting_group"]
+        for r in outside:
+            s = by_rank[r]
             findings.append(Finding(
-                kind="stuck_outside_collective", severity=STALL, ranks=[p.rank],
-                summary=f"rank {p.rank} is not in any collective: it is at {fmt_site(with_source(s.main_site))}"
+                kind="stuck_outside_collective", severity=STALL, ranks=[r],
+                summary=f"rank {r} is not in any collective: it is at {fmt_site(with_source(s.main_site))}"
                         f" (innermost frame {fmt_site(s.main_top_site)}) since {now - s.main_site_since:.0f}s; {waiting_txt}",
-                site=with_source(s.main_site),
-                group=first_wait.call.group if first_wait else None,
-                seq=(s.groups[first_wait.call.group].seq if first_wait and first_wait.call.group in s.groups else None),
-                details={"main_top_site": s.main_top_site, "step": s.step}, **base,
+                site=with_source(s.main_site), group=first_group,
+                seq=s.groups[first_group].seq if first_group in s.groups else None,
+                details={"main_top_site": s.main_top_site, "main_stack": s.main_stack, "step": s.step}, **fields,
             ))
         return findings
 
@@ -358,13 +375,14 @@ def classify(
         parts[p.key()].append(p)
     if len(parts) == 1:
         p = blocked[0]
+        fields, _ = ctx.waiting(waiting)
         return [Finding(
             kind="stalled_collective", severity=STALL, ranks=[],
             summary=f"all ranks are inside {_describe(p.call)} at {fmt_site(with_source(p.call.site))} and none is "
                     "missing: the collective itself is not completing (network, transport or a peer outside this job)",
-            op=p.call.op, group=p.call.group, seq=p.call.seq, site=with_source(p.call.site), **base,
+            op=p.call.op, group=p.call.group, seq=p.call.seq, site=with_source(p.call.site), **fields,
         )]
-    # Same group and seq, same line, different fingerprint: a mismatch.
+    # Same group, seq and line, different op/dtype/shape: a mismatch.
     by_point: dict[tuple, dict[str, list[Position]]] = defaultdict(lambda: defaultdict(list))
     for p in blocked:
         by_point[(p.call.group, p.call.seq, p.call.site_key)][p.call.fingerprint].append(p)
@@ -372,71 +390,107 @@ def classify(
         real = {fp: ps for fp, ps in fps.items() if fp != CPP_OP}
         if len(real) > 1:
             ordered = sorted(real.items(), key=lambda kv: (len(kv[1]), min(p.rank for p in kv[1])))
-            minority = ordered[0][1]
-            culprit = minority[0]
+            minority = sorted(p.rank for p in ordered[0][1])
+            culprit = ordered[0][1][0]
+            fields, _ = ctx.waiting(r for r in waiting if r not in minority)
             return [Finding(
-                kind="mismatch", severity=STALL, ranks=sorted(p.rank for p in minority),
+                kind="mismatch", severity=STALL, ranks=minority,
                 summary=f"group {group} seq {seq}: ranks disagree on the collective at {fmt_site(with_source(culprit.call.site))}: "
                         + "; ".join(f"{fmt_ranks(p.rank for p in ps)}: {fp}" for fp, ps in ordered),
                 op=culprit.call.op, group=group, seq=seq, site=with_source(culprit.call.site),
-                details={"fingerprints": {fp: sorted(p.rank for p in ps) for fp, ps in ordered}}, **base,
+                details={"fingerprints": {fp: sorted(p.rank for p in ps) for fp, ps in ordered}}, **fields,
             )]
     # Different lines: the ranks took different code paths. Uneven iterations, or a rank-conditional call.
-    groups_of = sorted(parts.values(), key=len)
-    for part in groups_of[:-1]:
-        others = [p.rank for q in groups_of if q is not part for p in q]
-        f = iteration_finding([p.rank for p in part], others, f"wait in {_describe(part[0].call)} at {fmt_site(with_source(part[0].call.site))}")
+    sides = sorted(parts.values(), key=len)
+    for side in sides:
+        ranks = [p.rank for p in side]
+        f = ctx.uneven(ranks, [r for r in waiting if r not in ranks],
+                       f"wait in {_describe(side[0].call)} at {fmt_site(with_source(side[0].call.site))}")
         if f:
             return [f]
-    return [_conditional(None, blocked, pos, by_rank, base, None, lint=lint, parts=groups_of)]
+    return [_conditional(ctx, min(sides, key=lambda side: _conditional_score(ctx, side)))]
 
 
-def _conditional(
-    culprit_pos: Position | None, blocked: list[Position], pos: dict[int, Position], by_rank: dict[int, RankState],
-    base: dict, note: str | None, lint: LintCheck | None = None, parts: list[list[Position]] | None = None,
-) -> Finding:
-    """A collective only some ranks call. Pick the side whose line is rank-conditional, else the minority."""
-    lint = lint or _default_lint
-    if parts is None:
-        parts = [[p for p in blocked if p.key() == culprit_pos.key()]] if culprit_pos else [blocked]
-    def evidence(part: list[Position]) -> dict | None:
-        return conditional_evidence(by_rank[part[0].rank], part[0].call, lint)
+def _side_evidence(ctx: _Context, side: list[Position]) -> dict | None:
+    return conditional_evidence(ctx.by_rank[side[0].rank], side[0].call, ctx.lint)
 
-    def score(part: list[Position]) -> tuple:
-        c = part[0].call
-        return (evidence(part) is None, len(part), c is None or c.op == CPP_OP, min(p.rank for p in part))
 
-    chosen = min(parts, key=score)
-    call = chosen[0].call
-    ranks = sorted(p.rank for p in chosen)
-    others = sorted(r for r in pos if r not in ranks and pos[r].state != "gone")
-    other_calls = [pos[r].call for r in others if pos[r].call is not None]
-    other = other_calls[0] if other_calls else None
-    branch = evidence(chosen)
+def _conditional_score(ctx: _Context, side: list[Position]) -> tuple:
+    """Culprit side first: a rank-conditional line, then the minority, then a Python call, then low ranks."""
+    c = side[0].call
+    return (_side_evidence(ctx, side) is None, len(side), c is None or c.op == CPP_OP, min(p.rank for p in side))
+
+
+def exit_findings(states: list[RankState], now: float, lint: LintCheck | None = None) -> list[Finding]:
+    """Ranks that ended while others still needed them, diagnosed as soon as it happens (no window).
+
+    The root is the earliest rank that ended abnormally, not counting exceptions caused by a peer's
+    death (connection reset, communicator aborted, timeouts). If only clean exits remain, a rank that
+    exited normally while a peer then failed on it is the root (it returned early, or ran fewer
+    iterations). Every rank ending at once (preemption, Ctrl-C) is not a finding.
+    """
+    ended = [s for s in states if s.gone]
+    if not ended or len(states) < 2:
+        return []
+
+    def end_time(s: RankState) -> float:
+        return s.exit_time or s.heartbeat_time
+
+    def secondary(s: RankState) -> bool:
+        return s.exit_state == "exception" and any(w in s.exit_reason.lower() for w in PEER_ERRORS)
+
+    crashed = [s for s in ended if s.exit_state != "exited" and not secondary(s)]
+    victims = [s.rank for s in states if secondary(s) or (not s.gone and s.open_calls)]
+    ctx = _Context(states, {s.rank: Position(s.rank, "gone", s.last_call(), s.main_site) for s in states},
+                   min(end_time(s) for s in ended), now, lint or _default_lint)
+    if crashed:
+        first = min(end_time(s) for s in crashed)
+        roots = sorted(s.rank for s in crashed if end_time(s) <= first + 1.0)
+        if len(roots) == len(states):
+            return []
+        others = [s.rank for s in states if s.rank not in roots]
+        return [ctx.exited(r, others) for r in roots]
+    clean = sorted(s.rank for s in ended if s.exit_state == "exited")
+    failed = [s.rank for s in states if secondary(s)]
+    if clean and failed:
+        f = ctx.uneven(clean, failed, "left the loop, then the process exited")
+        if f:
+            return [f]
+        reasons = {s.rank: s.exit_reason for s in states if secondary(s)}
+        extra = "; then " + "; ".join(f"rank {r} failed: {why[:160]}" for r, why in sorted(reasons.items()))
+        return [ctx.exited(r, failed, extra) for r in clean]
+    return []
+
+
+def _conditional(ctx: _Context, side: list[Position], note: str | None = None) -> Finding:
+    """A collective only some ranks call (``side``); the report names them and who skipped it."""
+    call = side[0].call
+    ranks = sorted(p.rank for p in side)
+    first = ctx.by_rank[ranks[0]]
+    others = sorted(r for r, p in ctx.pos.items() if r not in ranks and p.state != "gone")
+    fields, waiting_txt = ctx.waiting(others)
+    branch = _side_evidence(ctx, side)
     details: dict = {"conditional_line": branch}
-    group_members = by_rank[ranks[0]].groups.get(call.group).members if call and call.group in by_rank[ranks[0]].groups else None
-    skipped = sorted(set(group_members or []) - set(ranks)) if group_members else others
-    if group_members and len(group_members) < by_rank[ranks[0]].world_size:
-        details["subgroup_members"] = group_members
-    details["skipped_by"] = skipped
+    group = first.groups.get(call.group) if call else None
+    members = group.members if group else None
+    if members and len(members) < first.world_size:
+        details["subgroup_members"] = members
+    details["skipped_by"] = sorted(set(members) - set(ranks)) if members else others
     summary = (
-        f"{fmt_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} in {_describe(call)} at {fmt_site(with_source(call.site if call else None))}"
-        f" — called only by {fmt_ranks(ranks)}; {fmt_ranks(skipped)} of group {call.group if call else '?'} never called it"
+        f"{fmt_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} in {_describe(call)} at "
+        f"{fmt_site(with_source(call.site if call else None))} — called only by {fmt_ranks(ranks)}; "
+        f"{fmt_ranks(details['skipped_by'])} of group {call.group if call else '?'} never called it"
     )
-    if other is not None:
-        summary += f" ({fmt_ranks(others)} {'is' if len(others) == 1 else 'are'} in {_describe(other)} at {fmt_site(with_source(other.site))})"
+    if others:
+        summary += f" ({waiting_txt})"
     if branch is not None:
         summary += f"; the call is reached from a rank-conditional branch at {fmt_site(branch)}"
     if note:
         summary += f"; {note}"
-    base = dict(base)
-    if other is not None:
-        base.update(waiting_ranks=others, waiting_op=other.op, waiting_group=other.group, waiting_seq=other.seq,
-                    waiting_site=with_source(other.site))
     return Finding(
         kind="rank_conditional", severity=STALL, ranks=ranks, summary=summary,
         op=call.op if call else None, group=call.group if call else None, seq=call.seq if call else None,
-        site=with_source(call.site if call else None), details=details, **base,
+        site=with_source(call.site if call else None), details=details, **fields,
     )
 
 

@@ -30,8 +30,11 @@ class OpKind:
 OP_KINDS: dict[str, OpKind] = {
     "all_reduce": OpKind(TENSOR, "tensor"),
     "all_gather": OpKind(TENSOR, "tensor"),
-    "all_gather_into_tensor": OpKind(TENSOR, "input_tensor"),
-    "_all_gather_base": OpKind(TENSOR, "input_tensor"),
+    # torch >= 2.13 spells these all_gather_single / reduce_scatter_single; the old names delegate to
+    # the new ones, so they are composite (recorded once, under the name the caller used).
+    "all_gather_single": OpKind(TENSOR, "input_tensor"),
+    "all_gather_into_tensor": OpKind(TENSOR, "input_tensor", composite=True),
+    "_all_gather_base": OpKind(TENSOR, "input_tensor", composite=True),
     "all_gather_object": OpKind(OBJECT, "obj", FLAG_OBJECT, composite=True),
     "all_to_all": OpKind(TENSOR_LIST, "input_tensor_list"),
     "all_to_all_single": OpKind(TENSOR, "input"),
@@ -45,10 +48,12 @@ OP_KINDS: dict[str, OpKind] = {
     "scatter_object_list": OpKind(OBJECT, "scatter_object_output_list", FLAG_OBJECT, composite=True),
     "reduce": OpKind(TENSOR, "tensor"),
     "reduce_scatter": OpKind(TENSOR, "output"),
-    "reduce_scatter_tensor": OpKind(TENSOR, "input"),
-    "_reduce_scatter_base": OpKind(TENSOR, "input"),
-    "send": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="dst"),
-    "recv": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="src"),
+    "reduce_scatter_single": OpKind(TENSOR, "input"),
+    "reduce_scatter_tensor": OpKind(TENSOR, "input", composite=True),
+    "_reduce_scatter_base": OpKind(TENSOR, "input", composite=True),
+    # send/recv are isend/irecv + wait in torch: composite, so the inner call is not recorded again.
+    "send": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="dst", composite=True),
+    "recv": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="src", composite=True),
     "isend": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="dst", always_async=True),
     "irecv": OpKind(TENSOR, "tensor", FLAG_P2P, peer_arg="src", always_async=True),
     "batch_isend_irecv": OpKind(P2P_OPS, "p2p_op_list", FLAG_P2P | FLAG_COALESCED, always_async=True, composite=True),

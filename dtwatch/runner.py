@@ -27,6 +27,8 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
     env.update({"DTWATCH_DIR": dir, "DTWATCH_JOB_ID": job_id, "DTWATCH_WATCHDOG": "off", "DTWATCH_BOOTSTRAP": "1"})
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
 
+    # A sidecar (Kubernetes) already runs the node's watchdog: DTWATCH_WATCHDOG=off means "not ours to start".
+    own_watchdog = os.environ.get("DTWATCH_WATCHDOG", "auto").strip().lower() != "off"
     node = os.uname().nodename
     ready_file = os.path.join(run_dir, f"watchdog-{node}.json")
     try:
@@ -38,9 +40,9 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "dtwatch", "watch", "--dir", dir, "--job-id", job_id, "--node", node, *watch_args],
         env=watch_env, start_new_session=True,
-    )
+    ) if own_watchdog else None
     deadline = time.monotonic() + ready_timeout
-    while not os.path.exists(ready_file):
+    while watchdog is not None and not os.path.exists(ready_file):
         if watchdog.poll() is not None:
             print(f"dtwatch: the watchdog exited (code {watchdog.returncode}) before it was ready", file=sys.stderr)
             return 2
@@ -66,16 +68,7 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
     finally:
         for sig, old in forwarded.items():
             signal.signal(sig, old)
-    # Give the watchdog time to finish an incident's evidence and notice the job is over.
-    try:
-        wcode = watchdog.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        watchdog.terminate()
-        try:
-            wcode = watchdog.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            watchdog.kill()
-            wcode = watchdog.wait()
+    wcode = _finish_watchdog(watchdog) if watchdog is not None else 0
     incidents = sorted(Path(run_dir, "incidents").glob("*/*/index.json"))
     for index in incidents:
         data = json.loads(index.read_text())
@@ -86,3 +79,16 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
     if wcode == EXIT_STALL:
         return EXIT_STALL
     return code
+
+
+def _finish_watchdog(watchdog: subprocess.Popen) -> int:
+    """Give the watchdog time to finish an incident's evidence and notice the job is over."""
+    try:
+        return watchdog.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        watchdog.terminate()
+        try:
+            return watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            return watchdog.wait()

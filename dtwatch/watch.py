@@ -24,7 +24,7 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    STALL, Finding, check_stall, classify, straggler_lags, straggler_warning, uneven_loader_warnings,
+    Finding, check_stall, classify, exit_findings, straggler_lags, straggler_warning, uneven_loader_warnings,
 )
 from .launcher import lock_path
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
@@ -263,11 +263,14 @@ class Watchdog:
         window = self.window.value
 
         check = check_stall(states, now, window, self.opts.heartbeat_stale) if states else None
-        if check is not None and check.stalled and self.incident is None:
-            self.open_incident(states, check, now, snaps)
-        elif self.incident is not None and check is not None and not check.stalled and \
-                max(s.last_activity for s in states) > self.incident["onset"]:
-            self.close_incident(now)
+        exits = exit_findings(states, now) if states else []  # a crash needs no window
+        if self.incident is None and exits:
+            self.open_incident(states, exits, now, snaps, onset=min(f.onset for f in exits))
+        elif self.incident is None and check is not None and check.stalled:
+            self.open_incident(states, classify(states, check, now), now, snaps, onset=check.last_progress)
+        elif self.incident is not None and self.incident["evidence_done"] and not exits and check is not None \
+                and not check.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
+            self.close_incident(now)  # progress after the diagnosis (e.g. the ranks were restarted)
         if states and self.incident is None:
             self.check_warnings(states, now)
 
@@ -363,19 +366,19 @@ class Watchdog:
         }
 
     # -- incidents ------------------------------------------------------------------------------------
-    def open_incident(self, states: list[RankState], check, now: float, snaps: dict[int, RankSnapshot]) -> None:
-        findings = classify(states, check, now)
+    def open_incident(self, states: list[RankState], findings: list[Finding], now: float,
+                      snaps: dict[int, RankSnapshot], onset: float) -> None:
         inc = incident_id(findings[0], states)
         bundle = Bundle(self.run_dir, inc, self.opts.node)
         local = [s for s in states if s.rank in snaps]
         bundle.write_findings(findings, states, {
-            "job_id": self.opts.job_id, "window": self.window.value, "onset": check.last_progress,
+            "job_id": self.opts.job_id, "window": self.window.value, "onset": onset,
             "detected": now, "local_ranks": sorted(snaps), "world_size": states[0].world_size,
         })
         from .report import render_text
 
         bundle.add_text("report.txt", render_text(findings, states, now=now))
-        self.incident = {"id": inc, "bundle": bundle, "findings": findings, "onset": check.last_progress,
+        self.incident = {"id": inc, "bundle": bundle, "findings": findings, "onset": onset,
                          "detected": now, "evidence_done": False}
         self.incidents_total += 1
         for f in findings:
@@ -547,6 +550,8 @@ def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
+    except PermissionError:
+        return True  # exists, owned by someone else
     except OSError:
         return False
 

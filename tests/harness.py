@@ -1,0 +1,156 @@
+"""Running real hanging jobs under a real watchdog, for the watchdog tests and the detection benchmark."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "scripts"
+WORKER = SCRIPTS / "hang_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def site_line(marker: str, script: Path = WORKER) -> int:
+    """Line number of the ``# site:<marker>`` comment in ``script``."""
+    for i, line in enumerate(script.read_text().splitlines(), 1):
+        if re.search(rf"#\s*site:{re.escape(marker)}\b", line):
+            return i
+    raise KeyError(marker)
+
+
+@dataclass
+class Job:
+    root: Path
+    job_id: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    watchdog: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / self.job_id
+
+    def onset(self) -> float:
+        times = [float(p.read_text()) for p in self.run_dir.glob("onset-rank*.txt")]
+        return min(times) if times else float("nan")
+
+    def bundles(self) -> list[Path]:
+        return sorted(p.parent for p in self.run_dir.glob("incidents/*/*/index.json"))
+
+    def wait_incident(self, timeout: float, complete: bool = True) -> dict:
+        """The first incident's index, once written (and its evidence complete)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for b in self.bundles():
+                try:
+                    index = json.loads((b / "index.json").read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+                if not complete or index.get("evidence_complete"):
+                    index["_path"] = str(b)
+                    return index
+            time.sleep(0.2)
+        raise TimeoutError(f"no incident within {timeout}s; watchdog log:\n{self.watchdog_log()}")
+
+    def events(self) -> list[dict]:
+        out = []
+        for p in self.run_dir.glob("events-*.jsonl"):
+            out += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return out
+
+    def watchdog_log(self) -> str:
+        return self.log.read_text()[-6000:] if self.log and self.log.exists() else ""
+
+    def wait_exit(self, timeout: float) -> list[int | None]:
+        deadline = time.time() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [p.poll() for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs + ([self.watchdog] if self.watchdog else []):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def base_env(root: Path, job_id: str, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith(("DTWATCH_", "TORCH_NCCL", "TORCH_FR", "OTEL_")):
+            del env[k]
+    env.update({
+        "DTWATCH_DIR": str(root), "DTWATCH_JOB_ID": job_id, "DTWATCH_WATCHDOG": "off",
+        "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def start_watchdog(root: Path, job_id: str, *, window: float = 4.0, extra_args: list[str] | None = None,
+                   env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    log = root / f"watchdog-{job_id}.log"
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "dtwatch", "watch", "--dir", str(root), "--job-id", job_id,
+           "--stall-window", str(window), "--metrics-port", "off", "--idle-exit", "3", "--poll-interval", "0.2",
+           "--store", "none", *(extra_args or [])]
+    proc = subprocess.Popen(cmd, env=env or base_env(root, job_id), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    ready = root / job_id / f"watchdog-{socket.gethostname()}.json"
+    deadline = time.time() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"watchdog did not start: {log.read_text()}")
+        time.sleep(0.05)
+    return proc, log
+
+
+def launch(root: Path, scenario: str, nproc: int, *, torchrun: bool = True, window: float = 4.0,
+           watchdog: bool = True, watch_args: list[str] | None = None, extra_env: dict | None = None,
+           script: Path = WORKER) -> Job:
+    """Start a watchdog and an ``nproc``-rank job. ``torchrun=False`` launches the ranks as plain processes
+    (like srun or a custom launcher: nobody tears the others down when one dies)."""
+    job_id = f"{scenario}-{uuid.uuid4().hex[:6]}"
+    job = Job(root, job_id)
+    env = base_env(root, job_id, extra_env)
+    if watchdog:
+        job.watchdog, job.log = start_watchdog(root, job_id, window=window, extra_args=watch_args)
+    out = root / f"{job_id}.out"
+    port = free_port()
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+               "127.0.0.1", "--master-port", str(port), str(script), scenario]
+        job.procs.append(subprocess.Popen(cmd, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    else:
+        for rank in range(nproc):
+            renv = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            job.procs.append(subprocess.Popen([sys.executable, str(script), scenario], env=renv,
+                                              stdout=(root / f"{job_id}.rank{rank}.out").open("wb"),
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+    return job

@@ -1,0 +1,148 @@
+"""A training worker that hangs (or not) in a chosen way. Used by tests/test_watchdog.py and benchmarks.
+
+    python hang_worker.py SCENARIO    (under torchrun, or with RANK/WORLD_SIZE/MASTER_* set)
+
+Before the hang it writes ``<DTWATCH_DIR>/<job>/onset-rank<R>.txt`` with the time it starts hanging.
+Lines that tests assert on carry a ``# site:<name>`` marker.
+"""
+import os
+import signal
+import sys
+import time
+
+import dtwatch
+import dtwatch.auto  # noqa: F401  (first: before init_process_group)
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+SCENARIO = sys.argv[1]
+HANG_STEP = 4
+
+
+def mark_onset() -> None:
+    path = os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], f"onset-rank{dist.get_rank()}.txt")
+    with open(path, "w") as f:
+        f.write(repr(time.time()))
+
+
+def model_and_opt():
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train_step(model, opt, batch):
+    loss = model(batch).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()  # site:backward
+    opt.step()
+
+
+def validate(model) -> float:
+    loss = model.module(torch.randn(8, 16)).pow(2).mean().detach()
+    dist.all_reduce(loss)  # site:validate_all_reduce
+    return loss.item()
+
+
+def load_batch(step: int, rank: int):
+    if rank == 1 and step == HANG_STEP:
+        mark_onset()
+        time.sleep(3600)  # site:stuck_sleep
+    return torch.randn(8, 16)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(4)
+
+    if SCENARIO == "rank_conditional":
+        model, opt = model_and_opt()
+        for step in range(1, 20):
+            train_step(model, opt, torch.randn(8, 16))
+            if step == HANG_STEP:
+                if rank == 0:
+                    mark_onset()
+                    validate(model)  # site:conditional_call
+                dist.barrier()  # site:barrier_after
+
+    elif SCENARIO == "subgroup_skip":
+        pair = dist.new_group([0, 1])
+        for step in range(1, 20):
+            dist.all_reduce(t)  # site:world_all_reduce
+            if step == HANG_STEP:
+                mark_onset()
+                if rank == 0:
+                    dist.all_reduce(t, group=pair)  # site:subgroup_all_reduce
+                dist.barrier()  # site:subgroup_barrier
+
+    elif SCENARIO == "uneven_ddp":
+        # A per-rank data filter leaves rank 1 with fewer batches: it leaves the loop first and waits at
+        # the post-loop barrier while the others wait in DDP's gradient all_reduce (issued from C++).
+        model, opt = model_and_opt()
+        n = 6 * 8 if rank != 1 else 4 * 8
+        loader = DataLoader(TensorDataset(torch.randn(n, 16)), batch_size=8)  # site:loader
+        for (batch,) in loader:  # site:loader_loop
+            time.sleep(0.3)
+            train_step(model, opt, batch)
+        mark_onset()
+        dist.barrier()  # site:post_loop_barrier
+
+    elif SCENARIO == "stuck_outside":
+        model, opt = model_and_opt()
+        for step in range(1, 20):
+            train_step(model, opt, load_batch(step, rank))
+            if rank != 1 and step == HANG_STEP:
+                mark_onset()
+
+    elif SCENARIO in ("exception", "killed", "returned"):
+        for step in range(1, 20):
+            dist.all_reduce(t)  # site:exit_all_reduce
+            if step == HANG_STEP and rank == 1:
+                mark_onset()
+                if SCENARIO == "exception":
+                    raise ValueError("loss is NaN on rank 1")  # site:raise
+                if SCENARIO == "killed":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return  # site:return_early
+
+    elif SCENARIO == "mismatch":
+        # The ranks read different configs: rank 1 believes this is a barrier-only sync step.
+        barrier_only = rank == 1
+        for step in range(1, 20):
+            if step == HANG_STEP:
+                mark_onset()
+            dist.barrier() if barrier_only and step >= HANG_STEP else dist.all_reduce(t)  # site:mismatch_line
+
+    elif SCENARIO == "sigstop":
+        for step in range(1, 20):
+            dist.all_reduce(t)  # site:stop_all_reduce
+            if step == HANG_STEP and rank == 1:
+                mark_onset()
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+    elif SCENARIO == "healthy_quiet":
+        # Eval/checkpoint on every rank with no collectives for longer than the stall window.
+        model, opt = model_and_opt()
+        for epoch in range(2):
+            for _ in range(5):
+                train_step(model, opt, torch.randn(8, 16))
+            time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))  # site:quiet_gap
+        dist.barrier()
+
+    elif SCENARIO == "straggler":
+        for step in range(60):
+            if rank == world - 1:
+                time.sleep(0.12)  # site:slow_rank
+            dist.all_reduce(t)
+            dtwatch.step()
+
+    else:
+        raise SystemExit(f"unknown scenario {SCENARIO}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

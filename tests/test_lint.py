@@ -1,0 +1,372 @@
+"""dtwatch lint: rank-conditional collectives, found statically.
+
+Fixtures in ``tests/lint_fixtures/`` mark each line that must be reported with ``# expect: CODE``;
+every unmarked line must stay clean, so each fixture checks positives and negatives at once.
+"""
+from __future__ import annotations
+
+import argparse
+import doctest
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dtwatch.lint
+from dtwatch.lint import LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
+from dtwatch.lint_cli import add_lint_parser
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "lint_fixtures"
+FIXTURE_FILES = sorted(FIXTURES.glob("*.py"))
+EXPECT = re.compile(r"# expect: (?P<codes>DTW\d{3}(?:\s*,\s*DTW\d{3})*)\s*$")
+
+
+def expected_findings(path: Path) -> set[tuple[int, str]]:
+    expected = set()
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        match = EXPECT.search(text)
+        if match:
+            expected |= {(number, code.strip()) for code in match["codes"].split(",")}
+    return expected
+
+
+def line_of(path: Path, fragment: str) -> int:
+    """The 1-based number of the only line of ``path`` containing ``fragment``."""
+    numbers = [n for n, text in enumerate(path.read_text().splitlines(), start=1) if fragment in text]
+    assert len(numbers) == 1, f"{fragment!r} found on lines {numbers} of {path.name}"
+    return numbers[0]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dtwatch.lint_cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
+# --- the fixtures: exactly the marked lines are reported --------------------------------------
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+def test_fixture_reports_exactly_the_marked_lines(path: Path) -> None:
+    found = {(f.line, f.code) for f in lint_file(path)}
+    assert found == expected_findings(path)
+
+
+def test_fixtures_cover_every_code_and_some_clean_files() -> None:
+    codes = {code for path in FIXTURE_FILES for _, code in expected_findings(path)}
+    clean = {path.name for path in FIXTURE_FILES if not expected_findings(path)}
+    assert codes == {"DTW001", "DTW002", "DTW003"}
+    assert {"clean_train.py", "not_rank.py"} <= clean
+
+
+# --- what a finding says ---------------------------------------------------------------------
+
+def test_finding_names_the_call_the_condition_and_its_line() -> None:
+    path = FIXTURES / "basic.py"
+    [finding] = lint_file(path)
+    if_line = line_of(path, "torch.save(") - 1
+    assert (finding.code, finding.call, finding.condition) == ("DTW001", "dist.barrier()", "if rank == 0")
+    assert finding.message.startswith(
+        f"dist.barrier() inside rank-conditional branch 'if rank == 0' (line {if_line}): "
+        "only some ranks will call it and the others will hang"
+    )
+    assert finding.col == 9  # 1-based, like flake8
+
+
+def test_else_and_elif_sides_say_which_side() -> None:
+    path = FIXTURES / "else_branch.py"
+    messages = {f.line: f.message for f in lint_file(path)}
+    all_reduce = messages[line_of(path, "dist.all_reduce(tensor)  #")]
+    assert "else branch of rank-conditional 'if rank == 0'" in all_reduce
+    broadcast = messages[line_of(path, "dist.broadcast(")]
+    assert "rank-conditional branch 'elif rank == world_size - 1'" in broadcast
+
+
+def test_rank_zero_only_function_is_the_condition() -> None:
+    findings = lint_file(FIXTURES / "rank_zero_only.py")
+    assert [(f.call, f.condition) for f in findings] == [
+        ("dist.all_reduce()", "@rank_zero_only"),
+        ("dist.barrier()", "@accelerator.on_main_process"),
+    ]
+    assert "rank-restricted function '@rank_zero_only'" in findings[0].message
+
+
+def test_early_exit_names_the_collective_it_skips() -> None:
+    path = FIXTURES / "early_exit.py"
+    by_line = {f.line: f for f in lint_file(path)}
+    exit_finding = by_line[line_of(path, "return  # expect")]
+    assert exit_finding.call == "return"
+    assert exit_finding.condition == "if rank != 0"
+    assert f"skips dist.barrier() (line {line_of(path, '    dist.barrier()')})" in exit_finding.message
+    assert "sys.exit()" in by_line[line_of(path, "sys.exit(1)")].message
+    assert "skips dist.destroy_process_group()" in by_line[line_of(path, "sys.exit(1)")].message
+
+
+def test_sync_dist_keyword_is_reported_with_its_value() -> None:
+    calls = [f.call for f in lint_file(FIXTURES / "receivers.py")]
+    assert "self_.log(..., sync_dist=True)" in calls
+    assert "tdist.gather()" in calls and "dist_reduce()" in calls
+
+
+def test_to_dict_has_every_field() -> None:
+    [finding] = lint_source("if rank == 0:\n    dist.barrier()\n", "x.py")
+    assert finding.to_dict() == {
+        "path": "x.py", "line": 2, "col": 5, "code": "DTW001", "call": "dist.barrier()",
+        "condition": "if rank == 0", "message": finding.message,
+    }
+    with pytest.raises(AttributeError):
+        finding.line = 3  # frozen
+
+
+# --- rank tests and collectives, one expression at a time ------------------------------------
+
+@pytest.mark.parametrize("test", [
+    "rank == 0", "global_rank", "not local_rank", "self.rank == 0", "args.local_rank in [-1, 0]",
+    "os.environ['RANK'] == '0'", "os.environ.get('LOCAL_RANK') == '0'", "int(os.getenv('RANK', 0)) == 0",
+    "dist.get_rank() == 0", "torch.distributed.get_rank() == 0", "get_rank() == 0", "dist.get_rank(group) == 0",
+    "get_local_rank() == 0", "is_main_process", "is_main_process()", "is_master", "is_rank_zero",
+    "is_local_main_process", "accelerator.is_main_process", "trainer.is_global_zero", "is_global_zero",
+    "main_process", "my_rank == 1", "world_rank == 1", "RANK == 0", "myRank == 0", "ok and rank == 0",
+    "local_rank == -1 or local_rank == 0",
+])
+def test_rank_conditional_tests(test: str) -> None:
+    findings = lint_source(f"if {test}:\n    dist.barrier()\n", "t.py")
+    assert [(f.code, f.condition) for f in findings] == [("DTW001", f"if {test}")]
+
+
+@pytest.mark.parametrize("test", [
+    "rankings", "ranker", "num_ranks > 1", "franks", "crank", "rank_filter", "world_size > 1",
+    "dist.get_world_size() > 1", "local_rank == -1", "args.local_rank != -1", "rank is None",
+    "os.environ.get('WORLD_SIZE')", "mode == 'rank'", "src_rank == 0", "peer_rank > 1",
+    "dist.get_global_rank(group, 0) == 0", "per_rank_sizes",
+])
+def test_tests_that_are_not_rank_conditional(test: str) -> None:
+    assert lint_source(f"if {test}:\n    dist.barrier()\n", "t.py") == []
+
+
+@pytest.mark.parametrize("call", [
+    "dist.all_gather_into_tensor(a, b)", "dist.all_to_all_single(a, b)", "dist.reduce_scatter_tensor(a, b)",
+    "dist._all_gather_base(a, b)", "dist.broadcast_object_list(x)", "dist.gather_object(x)",
+    "dist.scatter_object_list(a, b)", "dist.init_process_group('nccl')", "dist.destroy_process_group()",
+    "torch.distributed.broadcast(t, 0)", "c10d.reduce(t, 0)", "distributed_c10d.gather(t)",
+    "accelerator.gather(t)", "self.trainer.strategy.broadcast(x)", "fabric.broadcast(x)",
+    "barrier()", "anything.all_gather(t)", "FSDP.summon_full_params(model)",
+])
+def test_collective_calls(call: str) -> None:
+    [finding] = lint_source(f"if rank == 0:\n    {call}\n", "t.py")
+    assert finding.code == "DTW001"
+    assert finding.call.endswith("()")
+
+
+@pytest.mark.parametrize("call", [
+    "gather(t)", "reduce(f, xs)", "np.broadcast(a, b)", "torch.scatter(t, 0, i, s)", "sock.send(b)",
+    "queue.recv()", "print(rank)", "dist.get_rank()", "dist.is_initialized()",
+])
+def test_calls_that_are_not_collectives(call: str) -> None:
+    assert lint_source(f"if rank == 0:\n    {call}\n", "t.py") == []
+
+
+def test_import_aliases_make_plain_names_collectives() -> None:
+    source = (
+        "from torch.distributed import broadcast as bcast, reduce\n"
+        "from torch import distributed as td\n"
+        "if rank == 0:\n    bcast(t, 0)\n    reduce(t, 0)\n    td.gather(t)\n"
+    )
+    assert [f.call for f in lint_source(source, "t.py")] == ["bcast()", "reduce()", "td.gather()"]
+
+
+def test_derived_name_is_local_to_its_function() -> None:
+    source = (
+        "ok = rank == 0\n"
+        "def f():\n    ok = load()\n    if ok:\n        dist.barrier()\n"
+        "def g():\n    if ok:\n        dist.barrier()\n"
+    )
+    assert [(f.line, f.condition) for f in lint_source(source, "t.py")] == [(8, "if ok")]
+
+
+# --- suppression -------------------------------------------------------------------------------
+
+def test_suppression_comments_hide_only_their_line() -> None:
+    path = FIXTURES / "suppressed.py"
+    source = path.read_text()
+    assert [f.line for f in lint_source(source, str(path))] == [line_of(path, "E501")]
+    stripped = re.sub(r"#.*", "", source)  # the same code without comments: all four are reported
+    assert len(lint_source(stripped, str(path))) == 4
+
+
+def test_noqa_for_another_code_does_not_hide_dtw002() -> None:
+    source = "def f():\n    if rank == 0:\n        return  # noqa: DTW001\n    dist.barrier()\n"
+    assert [f.code for f in lint_source(source, "t.py")] == ["DTW002"]
+    assert lint_source(source.replace("DTW001", "DTW002"), "t.py") == []
+
+
+# --- files and directories -------------------------------------------------------------------
+
+def test_lint_paths_recurses_and_reports_unparsable_files(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "train.py").write_text("if rank == 0:\n    dist.barrier()\n")
+    (tmp_path / "pkg" / "broken.py").write_text("def f(:\n")
+    (tmp_path / "pkg" / "latin1.py").write_bytes(b"x = '\xe9'\n")  # not UTF-8, no coding cookie
+    (tmp_path / "pkg" / "notes.txt").write_text("if rank == 0: dist.barrier()\n")
+    (tmp_path / "pkg" / ".venv").mkdir()
+    (tmp_path / "pkg" / ".venv" / "skipped.py").write_text("if rank == 0:\n    dist.barrier()\n")
+
+    findings = lint_paths([tmp_path / "pkg"])
+    by_file = {Path(f.path).name: f for f in findings}
+    assert sorted(by_file) == ["broken.py", "latin1.py", "train.py"]
+    assert by_file["train.py"].code == "DTW001"
+    assert by_file["broken.py"].code == "DTW000" and by_file["broken.py"].line == 1
+    assert by_file["broken.py"].message.startswith("could not parse")
+    assert by_file["latin1.py"].code == "DTW000"
+
+
+def test_lint_paths_checks_a_named_file_once_and_rejects_missing_paths(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("if rank == 0:\n    dist.barrier()\n")
+    assert len(lint_paths([script, tmp_path, str(script)])) == 1
+    with pytest.raises(FileNotFoundError):
+        lint_paths([tmp_path / "missing.py"])
+
+
+def test_lint_source_reports_syntax_errors_instead_of_raising() -> None:
+    [finding] = lint_source("x = 1\nif rank == 0\n", "bad.py")
+    assert (finding.code, finding.path, finding.line) == ("DTW000", "bad.py", 2)
+
+
+def test_long_generated_expressions_do_not_hit_the_recursion_limit() -> None:
+    chain = " + ".join(["x"] * 1500)  # "x + x + ...": nested 1500 deep, fine for ast.parse
+    source = f"total = {chain}\nif rank == 0:\n    total = {chain} + dist.all_reduce(t)\n"
+    assert [(f.line, f.code) for f in lint_source(source, "generated.py")] == [(3, "DTW001")]
+
+
+def test_module_docstring_example_runs() -> None:
+    result = doctest.testmod(dtwatch.lint)
+    assert result.attempted >= 1 and result.failed == 0
+
+
+# --- is_rank_conditional_line -----------------------------------------------------------------
+
+def test_is_rank_conditional_line_on_fixtures() -> None:
+    basic = FIXTURES / "basic.py"
+    assert is_rank_conditional_line(basic, line_of(basic, "torch.save("))
+    assert is_rank_conditional_line(basic, line_of(basic, 'print("saved"'))
+    assert not is_rank_conditional_line(basic, line_of(basic, "outside any branch"))
+    assert not is_rank_conditional_line(basic, line_of(basic, "torch.save(") - 1)  # the if line itself
+    assert not is_rank_conditional_line(basic, line_of(basic, "only defined here"))  # nested def body
+
+    else_branch = FIXTURES / "else_branch.py"
+    assert is_rank_conditional_line(else_branch, line_of(else_branch, "dist.all_reduce(tensor)  #"))
+    rank_zero = FIXTURES / "rank_zero_only.py"
+    assert is_rank_conditional_line(rank_zero, line_of(rank_zero, "print(metrics)"))
+    assert not is_rank_conditional_line(rank_zero, line_of(rank_zero, "return metrics"))
+
+
+def test_is_rank_conditional_line_in_expressions_loops_and_balanced_branches() -> None:
+    expressions = FIXTURES / "expressions.py"
+    assert is_rank_conditional_line(expressions, line_of(expressions, "out = dist.all_reduce(t) if rank == 0"))
+    assert is_rank_conditional_line(expressions, line_of(expressions, "world -= 1"))
+    assert not is_rank_conditional_line(expressions, line_of(expressions, "return out, callback"))
+    balanced = FIXTURES / "balanced.py"  # not reported, but still code that only some ranks run
+    assert is_rank_conditional_line(balanced, line_of(balanced, "dist.scatter(t, None, src=src)"))
+
+
+def test_is_rank_conditional_line_for_missing_or_broken_files(tmp_path: Path) -> None:
+    assert not is_rank_conditional_line(tmp_path / "missing.py", 1)
+    assert not is_rank_conditional_line("<string>", 1)
+    broken = tmp_path / "broken.py"
+    broken.write_text("if rank == 0:\n    dist.barrier(\n")
+    assert not is_rank_conditional_line(broken, 2)
+
+
+def test_is_rank_conditional_line_sees_a_file_change(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("if rank == 0:\n    dist.barrier()\n")
+    assert is_rank_conditional_line(script, 2)
+    script.write_text("if ready:\n    dist.barrier()\n")
+    os.utime(script, ns=(0, 10**9))  # a different mtime even on coarse clocks
+    assert not is_rank_conditional_line(script, 2)
+
+
+# --- the CLI, as a real subprocess --------------------------------------------------------------
+
+def test_cli_exit_0_on_clean_code() -> None:
+    result = run_cli(str(FIXTURES / "clean_train.py"), str(FIXTURES / "not_rank.py"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "no rank-conditional collectives found, 2 files checked" in result.stderr
+
+
+def test_cli_exit_1_prints_flake8_style_lines() -> None:
+    path = FIXTURES / "basic.py"
+    result = run_cli(str(path))
+    assert result.returncode == 1
+    [line] = result.stdout.splitlines()
+    barrier_line = line_of(path, "# expect: DTW001")
+    assert line.startswith(f"{path}:{barrier_line}:9: DTW001 dist.barrier() inside rank-conditional branch")
+    assert "1 finding in 1 of 1 file checked" in result.stderr
+
+
+def test_cli_exit_2_on_usage_errors(tmp_path: Path) -> None:
+    missing = run_cli(str(tmp_path / "missing.py"))
+    assert missing.returncode == 2 and "no such file or directory" in missing.stderr
+    bad_code = run_cli("--select", "E501", str(FIXTURES))
+    assert bad_code.returncode == 2 and "unknown code E501" in bad_code.stderr
+    no_paths = run_cli()
+    assert no_paths.returncode == 2 and "PATH" in no_paths.stderr
+
+
+def test_cli_reports_unparsable_files_and_keeps_going(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "train.py").write_text("if dist.get_rank() == 0:\n    dist.barrier()\n")
+    result = run_cli(str(tmp_path))
+    assert result.returncode == 1
+    assert [line.split(": ")[1][:6] for line in result.stdout.splitlines()] == ["DTW000", "DTW001"]
+    assert "2 findings in 2 of 2 files checked" in result.stderr
+
+
+def test_cli_json_shape() -> None:
+    result = run_cli("--json", str(FIXTURES))
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert set(report) == {"findings", "files_checked"}
+    assert report["files_checked"] == len(FIXTURE_FILES)
+    assert set(report["findings"][0]) == {"path", "line", "col", "code", "call", "condition", "message"}
+    codes = {f["code"] for f in report["findings"]}
+    assert codes == {"DTW001", "DTW002"}  # DTW003 only when selected
+    expected = sum(
+        1 for path in FIXTURE_FILES for _, code in expected_findings(path) if code != "DTW003"
+    )
+    assert len(report["findings"]) == expected
+
+
+def test_cli_select_and_ignore() -> None:
+    p2p = str(FIXTURES / "p2p.py")
+    assert run_cli(p2p).returncode == 0
+    selected = run_cli("--select", "DTW003", "--json", p2p)
+    assert selected.returncode == 1
+    assert [f["code"] for f in json.loads(selected.stdout)["findings"]] == ["DTW003", "DTW003"]
+    ignored = run_cli("--ignore", "DTW001,DTW002", str(FIXTURES / "early_exit.py"), str(FIXTURES / "basic.py"))
+    assert ignored.returncode == 0 and ignored.stdout == ""
+    only_exits = run_cli("--select", "DTW002", "--json", str(FIXTURES))
+    assert {f["code"] for f in json.loads(only_exits.stdout)["findings"]} == {"DTW002"}
+
+
+def test_cli_help_describes_the_check() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "rank-conditional" in result.stdout and "DTW002" in result.stdout and "exit status" in result.stdout
+
+
+def test_add_lint_parser_registers_a_lint_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="dtwatch")
+    add_lint_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["lint", "--json", str(FIXTURES / "rank_zero_only.py")])
+    assert args.func(args) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["condition"] for f in report["findings"]] == ["@rank_zero_only", "@accelerator.on_main_process"]
+    assert all(isinstance(LintFinding(**f), LintFinding) for f in report["findings"])
