@@ -8,7 +8,6 @@ import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 import json
 import os
-import pickle
 
 import torch
 import torch.distributed as dist
