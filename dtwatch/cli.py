@@ -43,9 +43,12 @@ def _env_bool(name: str) -> bool:
     raise SettingError(f"{name}={raw!r} is not allowed; allowed: 1/0, true/false")
 
 
-def _port(text: str) -> int | None:
+PORT_OFF = -1  # "--metrics-port off": no endpoint (distinct from "not given")
+
+
+def _port(text: str) -> int:
     if text.lower() in ("off", "none", "-1"):
-        return None
+        return PORT_OFF
     try:
         port = int(text)
     except ValueError:
@@ -108,6 +111,8 @@ def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
             port = 9464
     elif port is None and for_run:
         port = 0
+    if port == PORT_OFF:
+        port = None
     opts = dict(
         dir=args.dir or _default_dir(),
         job_id=args.job_id or os.environ.get("DTWATCH_JOB_ID") or ("" if for_run else default_job_id()),

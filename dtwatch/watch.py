@@ -102,7 +102,8 @@ class Watchdog:
         self.health = WatchdogHealth(started=time.time(), version=__version__)
         self.identity: dict[int, tuple[int, float]] = {}  # rank -> (pid, start_time)
         self.restarts: dict[int, int] = {}
-        self.processed: dict[int, int] = {}  # rank -> highest stamp handed to exporters
+        self.processed: dict[int, int] = {}  # rank -> highest stamp looked at
+        self.in_flight: dict[int, set[int]] = {}  # rank -> stamps seen in flight, handed over when they complete
         self.incident: dict | None = None
         self.incidents_total = 0
         self.findings_total: dict[tuple[str, str], int] = {}
@@ -119,6 +120,7 @@ class Watchdog:
         self.ever_saw_ranks = False
         self.lock_fd: int | None = None
         self.metrics_server = None
+        self.gpu = None
         self.last_view: NodeView | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -140,11 +142,18 @@ class Watchdog:
 
     def start_services(self) -> None:
         opts = self.opts
+        try:
+            from .gpu import GpuSampler
+
+            self.gpu = GpuSampler()
+        except Exception as exc:  # noqa: BLE001 - NVML is optional
+            log.debug("dtwatch: no GPU metrics: %r", exc)
+            self.gpu = None
         if opts.metrics_port is not None:
             try:
                 from .exporter import MetricsServer, PrometheusExporter
 
-                exporter = PrometheusExporter(job_id=opts.job_id, node=opts.node)
+                exporter = PrometheusExporter(job_id=opts.job_id, node=opts.node, gpu=self.gpu)
                 self.metrics_server = MetricsServer(
                     exporter.registry, addr=opts.metrics_addr, port=opts.metrics_port,
                     health_fn=self.healthy, url_file=os.path.join(self.run_dir, f"watchdog-{opts.node}.json"),
@@ -157,14 +166,20 @@ class Watchdog:
                 self.error("metrics")
             except ImportError as exc:
                 log.warning("dtwatch: Prometheus exporter unavailable: %s", exc)
-        if opts.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-            try:
-                from .otel import OtelExporter
+        otlp_wanted = opts.otlp_endpoint or any(
+            os.environ.get(f"OTEL_EXPORTER_OTLP_{k}ENDPOINT") for k in ("", "TRACES_", "METRICS_"))
+        try:
+            from .otel import OtelExporter  # only imported when an endpoint is configured
 
-                self.exporters.append(OtelExporter(job_id=opts.job_id, node=opts.node, endpoint=opts.otlp_endpoint or None))
-            except Exception as exc:  # noqa: BLE001
-                log.warning("dtwatch: OpenTelemetry export unavailable: %s", exc)
-                self.error("otel")
+            otel = None if not otlp_wanted else OtelExporter.from_env(endpoint=opts.otlp_endpoint or None, job_id=opts.job_id, node=opts.node, gpu=self.gpu)
+            if otel is not None:
+                self.exporters.append(otel)
+        except ImportError as exc:
+            if opts.otlp_endpoint:
+                log.warning("dtwatch: OpenTelemetry export unavailable (pip install 'dtwatch[otel]'): %s", exc)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("dtwatch: OpenTelemetry export unavailable: %s", exc)
+            self.error("otel")
         if opts.webhook:
             from .alerts import Webhook
 
@@ -178,9 +193,14 @@ class Watchdog:
             from .store import JobStore
 
             self.store = JobStore(host, int(port), opts.job_id, opts.node)
-        ready = {"pid": os.getpid(), "node": opts.node, "job_id": opts.job_id, "started": self.health.started,
-                 "url": getattr(self.metrics_server, "url", None)}
-        _atomic_json(os.path.join(self.run_dir, f"watchdog-{opts.node}.json"), ready)
+        ready_path = os.path.join(self.run_dir, f"watchdog-{opts.node}.json")
+        try:
+            ready = json.loads(Path(ready_path).read_text()) if self.metrics_server is not None else {}
+        except (OSError, ValueError):
+            ready = {}
+        ready.update({"pid": os.getpid(), "node": opts.node, "job_id": opts.job_id, "started": self.health.started,
+                      "url": getattr(self.metrics_server, "url", None)})
+        _atomic_json(ready_path, ready)
         if self.metrics_server is not None:
             self.metrics_server.ready = True
 
@@ -226,6 +246,8 @@ class Watchdog:
             self.webhook.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self.gpu is not None:
+            self.gpu.close()
 
     # -- one poll -------------------------------------------------------------------------------------
     def read_local(self) -> dict[int, RankSnapshot]:
@@ -242,6 +264,7 @@ class Watchdog:
             if old is not None and old != ident:
                 self.restarts[snap.rank] = self.restarts.get(snap.rank, 0) + 1
                 self.processed[snap.rank] = 0
+                self.in_flight[snap.rank] = set()
             self.identity[snap.rank] = ident
             snaps[snap.rank] = snap
         return snaps
@@ -287,18 +310,18 @@ class Watchdog:
         return self.incident is None or self.incident.get("evidence_done", True)
 
     def take_new_records(self, snaps: dict[int, RankSnapshot]) -> dict[int, np.ndarray]:
+        """Records completed since the last poll, per rank. A record still in flight is handed over once it
+        completes, however many later records completed before it (an irecv may stay posted for long)."""
         out = {}
         for rank, snap in snaps.items():
             recs = snap.records
-            last = self.processed.get(rank, 0)
-            done = recs[(recs["stamp"] > last) & (recs["t_exit"] != 0.0)]
-            # Hand over in stamp order, but never past a record still in flight (it is handed over
-            # once it completes).
-            inflight = recs[(recs["stamp"] > last) & (recs["t_exit"] == 0.0)]
-            if len(inflight):
-                done = done[done["stamp"] < inflight["stamp"].min()]
-            if len(done):
-                self.processed[rank] = int(done["stamp"].max())
+            last, waiting = self.processed.get(rank, 0), self.in_flight.get(rank, set())
+            stamps = recs["stamp"]
+            fresh = (stamps > last) | np.isin(stamps, list(waiting))
+            done = recs[fresh & (recs["t_exit"] != 0.0)]
+            self.in_flight[rank] = set(int(x) for x in stamps[fresh & (recs["t_exit"] == 0.0)])
+            if len(recs):
+                self.processed[rank] = max(last, int(stamps.max()))
             out[rank] = done
         return out
 
@@ -320,8 +343,7 @@ class Watchdog:
             if self.health.errors.get("store", 0) == 0:
                 log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",
                             self.store.host, self.store.port, exc)
-            self.error("store")
-            self.store = None if "refused" in str(exc).lower() and not self.ever_saw_ranks else self.store
+            self.error("store")  # retried at the next interval: the store may not be up yet
 
     def merge(self, local: list[RankState]) -> list[RankState]:
         mine = {s.rank for s in local}

@@ -120,7 +120,8 @@ def start_watchdog(root: Path, job_id: str, *, window: float = 4.0, extra_args: 
            "--store", "none", *(extra_args or [])]
     proc = subprocess.Popen(cmd, env=env or base_env(root, job_id), stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    ready = root / job_id / f"watchdog-{socket.gethostname()}.json"
+    node = extra_args[extra_args.index("--node") + 1] if extra_args and "--node" in extra_args else socket.gethostname()
+    ready = root / job_id / f"watchdog-{node}.json"
     deadline = time.time() + 30
     while not ready.exists():
         if proc.poll() is not None or time.time() > deadline:

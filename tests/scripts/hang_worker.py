@@ -132,6 +132,18 @@ def main() -> None:
             time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))  # site:quiet_gap
         dist.barrier()
 
+    elif SCENARIO == "crash_once":
+        # First attempt: rank 1 crashes at step HANG_STEP. torchrun --max-restarts restarts the job, which
+        # then finishes.
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        for step in range(1, 12):
+            dist.all_reduce(t)
+            dtwatch.step()
+            time.sleep(0.05)
+            if attempt == 0 and rank == 1 and step == HANG_STEP:
+                mark_onset()
+                raise RuntimeError("simulated crash on the first attempt")  # site:crash_once
+
     elif SCENARIO == "straggler":
         for step in range(60):
             if rank == world - 1:
