@@ -369,7 +369,11 @@ def classify(
             ))
         return findings
 
-    # Everyone is blocked. Group ranks by where they are.
+    return _compare(ctx, blocked, waiting)
+
+
+def _compare(ctx: _Context, blocked: list[Position], waiting: list[int]) -> list[Finding]:
+    """Every rank has a call; explain why they do not complete together."""
     parts: dict[tuple, list[Position]] = defaultdict(list)
     for p in blocked:
         parts[p.key()].append(p)
@@ -421,6 +425,23 @@ def _conditional_score(ctx: _Context, side: list[Position]) -> tuple:
     return (_side_evidence(ctx, side) is None, len(side), c is None or c.op == CPP_OP, min(p.rank for p in side))
 
 
+def _crash_desync(ctx: _Context, states: list[RankState], roots: list[int]) -> list[Finding]:
+    """A crash that followed a desync: every rank's last call is the same group and sequence number, but
+    they disagree on op, dtype, shape or line (gloo aborts on a size mismatch instead of hanging)."""
+    last = {s.rank: s.last_call() for s in states}
+    if any(c is None for c in last.values()) or len({(c.group, c.seq) for c in last.values()}) != 1:
+        return []
+    if len({(c.fingerprint, c.site_key) for c in last.values()}) == 1:
+        return []
+    ctx.pos = {r: Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in last.items()}
+    findings = _compare(ctx, list(ctx.pos.values()), sorted(last))
+    for f in findings:
+        how = "; ".join(f"rank {r} {ctx.by_rank[r].how_it_ended()}" for r in roots)
+        f.summary += f"; the job then crashed ({how})"
+        f.details["ended_by"] = {str(s.rank): s.how_it_ended() for s in states}
+    return findings
+
+
 def exit_findings(states: list[RankState], now: float, lint: LintCheck | None = None) -> list[Finding]:
     """Ranks that ended while others still needed them, diagnosed as soon as it happens (no window).
 
@@ -444,10 +465,17 @@ def exit_findings(states: list[RankState], now: float, lint: LintCheck | None = 
     ctx = _Context(states, {s.rank: Position(s.rank, "gone", s.last_call(), s.main_site) for s in states},
                    min(end_time(s) for s in ended), now, lint or _default_lint)
     if crashed:
-        first = min(end_time(s) for s in crashed)
-        roots = sorted(s.rank for s in crashed if end_time(s) <= first + 1.0)
+        # A rank that raised is a certain cause; one that died silently (SIGKILL, abort) may also be a
+        # victim of the launcher tearing the job down (torchrun SIGTERMs the others within ~0.1 s).
+        raised = [s for s in crashed if s.exit_state == "exception"]
+        pool = raised or crashed
+        first = min(end_time(s) for s in pool)
+        roots = sorted(s.rank for s in pool if end_time(s) <= first + 1.0)
+        desync = _crash_desync(ctx, states, roots)
+        if desync:
+            return desync
         if len(roots) == len(states):
-            return []
+            return []  # everything ended at once: preemption, Ctrl-C, a node lost; nothing to single out
         others = [s.rank for s in states if s.rank not in roots]
         return [ctx.exited(r, others) for r in roots]
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")

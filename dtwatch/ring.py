@@ -579,10 +579,10 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
      exit_time, exit_reason, dump_request, dump_ack, n_groups, n_sites, n_loaders, _members_used) = live
     n_groups, n_sites, n_loaders = min(n_groups, groups_cap), min(n_sites, sites_cap), min(n_loaders, loaders_cap)
 
-    sites = []
-    for i in range(n_sites):
-        line, func, fname = _SITE.unpack_from(data, sites_off + i * SITE_SIZE)
-        sites.append(Site(_dec(fname), line, _dec(func)))
+    sites = [
+        Site(_dec(fname), line, _dec(func))
+        for line, func, fname in _SITE.iter_unpack(memoryview(data)[sites_off : sites_off + n_sites * SITE_SIZE])
+    ]
     members_all = np.frombuffer(data, dtype="<i4", count=members_cap, offset=members_off)
     groups = []
     for i in range(n_groups):
@@ -603,12 +603,23 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         loaders.append(LoaderInfo(i, site_of(lsite), length, epochs, ltime, lstep))
 
     recs = np.frombuffer(data, dtype=RECORD_DTYPE, count=capacity, offset=records_off)
-    valid = recs[(recs["stamp"] != 0) & (recs["stamp"] == recs["stamp2"])]
-    if len(valid):
+    # Work on the stamp column and gather the valid records once, in stamp order (one copy of the
+    # 128-byte rows instead of three, and an argsort of one column instead of a structured sort).
+    stamps = recs["stamp"]
+    idx = np.flatnonzero((stamps != 0) & (stamps == recs["stamp2"]))
+    if len(idx):
         # Keep the newest `capacity` stamps only (a slot caught mid-overwrite has mismatched stamps).
-        newest = int(valid["stamp"].max())
-        valid = valid[valid["stamp"] > newest - capacity]
-        valid = np.sort(valid, order="stamp")
+        st = stamps[idx]
+        keep = st > int(st.max()) - capacity
+        idx, st = idx[keep], st[keep]
+        order = np.argsort(st, kind="stable")
+        if len(st) > 1 and not (np.diff(st[order]) > 0).all():
+            # Duplicate stamps (never written by the recorder): sort on every field, as before.
+            valid = np.sort(recs[idx], order="stamp")
+        else:
+            valid = recs[idx[order]]
+    else:
+        valid = np.empty(0, dtype=RECORD_DTYPE)
     return RankSnapshot(
         path=path, version=version, rank=rank, local_rank=local_rank, world_size=world_size, pid=pid,
         start_time=start_time, host=_dec(host), job_id=_dec(job_id), torch_version=_dec(torch_version),
@@ -619,7 +630,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         exit_time=exit_time, exit_reason=_dec(exit_reason), dump_request=dump_request,
         dump_ack=dump_ack, stack_signal=I32.unpack_from(data, OFF_STACK_SIGNAL)[0],
         main_stack=[x for x in (site_of(i) for i in MAIN_STACK.unpack_from(data, OFF_MAIN_STACK) if i) if x is not None],
-        groups=groups, sites=sites, loaders=loaders, records=valid.copy(),
+        groups=groups, sites=sites, loaders=loaders, records=valid,  # a copy: never a view of `data`
     )
 
 

@@ -164,6 +164,21 @@ def test_op_mismatch_at_same_sequence_number(tmp_path):
 
 
 @pytest.mark.timeout(150)
+def test_shape_mismatch_that_crashes_gloo_is_explained(tmp_path):
+    # gloo aborts one rank ("Received data size doesn't match") and torchrun tears the others down.
+    job, index, _ = run_to_incident(tmp_path, "shape_mismatch", 3)
+    try:
+        f = stall(index)
+        assert f["kind"] == "mismatch"
+        assert f["ranks"] == [1]
+        assert f["site"]["line"] == site_line("shape_mismatch")
+        assert f["details"]["fingerprints"] == {"all_reduce[float32:4]": [1], "all_reduce[float32:8]": [0, 2]}
+        assert "the job then crashed" in f["summary"]
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(150)
 def test_wedged_rank_sigstop_is_unresponsive(tmp_path):
     job, index, _ = run_to_incident(tmp_path, "sigstop", 2, torchrun=False)
     try:

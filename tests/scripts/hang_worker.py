@@ -144,6 +144,15 @@ def main() -> None:
                 mark_onset()
                 raise RuntimeError("simulated crash on the first attempt")  # site:crash_once
 
+    elif SCENARIO == "shape_mismatch":
+        # gloo aborts on a size mismatch instead of hanging; dtwatch explains the crash.
+        for step in range(1, 12):
+            n = 8 if not (rank == 1 and step >= HANG_STEP) else 4
+            if step == HANG_STEP:
+                mark_onset()
+            dist.all_reduce(torch.ones(n))  # site:shape_mismatch
+            time.sleep(0.05)
+
     elif SCENARIO == "straggler":
         for step in range(60):
             if rank == world - 1:

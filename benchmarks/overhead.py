@@ -1,0 +1,355 @@
+#!/usr/bin/env python
+"""What dtwatch's in-process recorder costs: per wrapped collective, and per DDP training step.
+
+    python benchmarks/overhead.py              # table
+    python benchmarks/overhead.py --json out.json
+    python benchmarks/overhead.py --quick      # fewer repetitions (smoke run)
+
+(a) Per call, in this process, on a one-rank gloo group (a real process group with real sequence
+    numbers; torch's "fake" backend is cheaper but has no sequence numbers, so dtwatch would skip part
+    of its work there and the figure would flatter it). For each op the unwrapped original and the
+    dtwatch wrapper are timed in alternating blocks (order flipped every block, GC off) and the median
+    ns per call of each is reported. "Hot path alone" wraps a no-op with ``_make_wrapper`` so the
+    collective's own cost is excluded: that is the figure to compare with the <= 1 us target.
+
+(b) Per DDP step: 2 ranks via torchrun on CPU, a ~1M-parameter MLP, batch 64, a DataLoader with a
+    DistributedSampler, SGD, and one Python all_reduce of the loss per step (as logging code does).
+    Inside the same processes, blocks of steps alternate between dtwatch installed and uninstalled
+    (order flipped every pair), so both modes see the same machine state. Reported: median step time
+    of each mode and the % difference (target <= 0.5%), plus the median and spread of the per-pair
+    differences as a noise indicator. torch's Flight Recorder is on in both modes (dtwatch turns it on
+    before init_process_group; it cannot be switched per block) and is not part of this figure.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+# ---------------------------------------------------------------------------------------------------
+# (a) per call
+# ---------------------------------------------------------------------------------------------------
+def _alternate(fa, fb, blocks: int, n: int) -> tuple[list[float], list[float]]:
+    """ns per call of fa and fb, measured in alternating blocks of n calls (order flipped each block)."""
+    ta: list[float] = []
+    tb: list[float] = []
+    clock = time.perf_counter_ns
+    for fn in (fa, fb):  # warm up caches (call-site ids, group lookups)
+        for _ in range(min(n, 200)):
+            fn()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for b in range(blocks):
+            order = ((fa, ta), (fb, tb)) if b % 2 == 0 else ((fb, tb), (fa, ta))
+            for fn, out in order:
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                out.append((clock() - t0) / n)
+    finally:
+        if gc_was:
+            gc.enable()
+    return ta, tb
+
+
+def _row(base: list[float], wrapped: list[float]) -> dict:
+    b, w = statistics.median(base), statistics.median(wrapped)
+    pair = [wi - bi for bi, wi in zip(base, wrapped)]
+    q = statistics.quantiles(pair, n=4) if len(pair) >= 4 else [min(pair), 0, max(pair)]
+    return {
+        "baseline_ns": round(b, 1), "wrapped_ns": round(w, 1), "added_us": round((w - b) / 1000, 3),
+        "ratio": round(w / b, 3), "added_us_iqr": [round(q[0] / 1000, 3), round(q[2] / 1000, 3)],
+        "blocks": len(base),
+    }
+
+
+def _long_function_caller(fn, arg):
+    """A zero-argument callable whose call of ``fn(arg)`` sits at the end of a 60-statement function."""
+    body = "\n".join(f"        v{i} = {i} * 1.5 + len('value {i}')" for i in range(60))
+    src = f"def caller():\n    if never:\n{body}\n    return fn(arg)\n"
+    scope = {"never": False, "fn": fn, "arg": arg, "len": len}
+    exec(compile(src, "<long training function>", "exec"), scope)
+    return scope["caller"]
+
+
+def bench_per_call(blocks: int, calls: int, noop_calls: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import dtwatch
+    from dtwatch import recorder
+    from dtwatch.ops import bind
+
+    warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated in new torch
+    os.environ.setdefault("DTWATCH_WATCHDOG", "off")
+    os.environ.setdefault("DTWATCH_STACK_SIGNAL", "off")
+    tmp = tempfile.mkdtemp(prefix="dtwatch-bench-")
+    os.environ["DTWATCH_DIR"] = tmp
+    os.environ["DTWATCH_JOB_ID"] = "per-call"
+    assert dtwatch.install(), "dtwatch was already installed in this process"
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
+    c10d = dist.distributed_c10d
+    rec = recorder.active()
+    t = torch.ones(1)
+    out = torch.empty(1)
+    cases = {
+        "all_reduce": (lambda f: (lambda: f(t))),
+        "barrier": (lambda f: (lambda: f())),
+        "broadcast": (lambda f: (lambda: f(t, 0))),
+        "all_gather_into_tensor": (lambda f: (lambda: f(out, t))),
+    }
+    result: dict = {"collective": {}, "hot_path": {}}
+    for name, make in cases.items():
+        wrapper = getattr(dist, name)
+        original = wrapper.__dtwatch_original__
+        base, wrapped = _alternate(make(original), make(wrapper), blocks, calls)
+        result["collective"][name] = _row(base, wrapped)
+
+        def noop(*args, **kwargs):
+            return None
+
+        hot = recorder._make_wrapper(rec, noop, bind(name, original))
+        base, wrapped = _alternate(make(noop), make(hot), blocks, noop_calls)
+        result["hot_path"][name] = _row(base, wrapped)
+    # The other per-step costs of a training loop: the optimizer-step hook (a step marker), and the
+    # sampler thread's tick (it runs every sample_interval seconds and takes the GIL while it works).
+    base, hooked = _alternate(lambda: None, lambda: rec.advance_step(explicit=False), blocks, noop_calls)
+    result["step_hook"] = _row(base, hooked)
+    sampler = rec.sampler
+    base, ticked = _alternate(lambda: None, sampler.tick, blocks, max(calls // 4, 20))
+    result["sampler_tick"] = _row(base, ticked)
+    result["sampler_tick"]["interval_s"] = rec.config.sample_interval
+    result["sampler_tick"]["duty_pct"] = round(
+        result["sampler_tick"]["added_us"] / 1e6 / rec.config.sample_interval * 100, 4)
+    # Call sites in real training code sit late in long functions; site resolution must not cost more
+    # there (CPython neither caches a code object's hash nor makes f_lineno cheap late in a function).
+    original = dist.all_reduce.__dtwatch_original__
+    hot = recorder._make_wrapper(rec, lambda *a, **k: None, bind("all_reduce", original))
+    base, wrapped = _alternate(_long_function_caller(lambda *a, **k: None, t),
+                               _long_function_caller(hot, t), blocks, noop_calls)
+    result["hot_path"]["all_reduce, called late in a 60-line function"] = _row(base, wrapped)
+    records = len(dtwatch.read_ring(os.path.join(tmp, "per-call", "rank-00000.ring")).records)
+    assert records > 0, "the wrapped calls did not record"
+    dtwatch.uninstall()
+    dist.destroy_process_group()
+    assert not hasattr(c10d.all_reduce, "__dtwatch_original__")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# (b) DDP step (worker side, run under torchrun)
+# ---------------------------------------------------------------------------------------------------
+def ddp_worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    import dtwatch
+
+    dtwatch.install()  # before init_process_group, as a user would (torch's FR is on from here on)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    ))
+    params = sum(p.numel() for p in model.parameters())
+    batch = 64
+    data = TensorDataset(torch.randn(batch * args.steps * world, 512), torch.randint(0, 10, (batch * args.steps * world,)))
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    epoch = 0
+
+    def block() -> list[float]:
+        nonlocal epoch
+        sampler.set_epoch(epoch)
+        epoch += 1
+        times, cpu = [], []
+        prev, prev_cpu = time.perf_counter(), time.process_time()
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            logged = loss.detach()
+            dist.all_reduce(logged)  # a Python collective per step, as loss logging does
+            now, now_cpu = time.perf_counter(), time.process_time()
+            times.append(now - prev)
+            cpu.append(now_cpu - prev_cpu)
+            prev, prev_cpu = now, now_cpu
+        return times, cpu
+
+    def set_mode(on: bool) -> None:
+        if on and not dtwatch.is_installed():
+            dtwatch.install()
+        elif not on and dtwatch.is_installed():
+            dtwatch.uninstall()
+        getattr(dist.barrier, "__dtwatch_original__", dist.barrier)()  # lines the ranks up, unrecorded
+
+    for _ in range(args.warmup_blocks):
+        block()
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    cpu_times: dict[str, list[float]] = {"on": [], "off": []}
+    block_medians: dict[str, list[float]] = {"on": [], "off": []}
+    gc.collect()
+    for b in range(args.blocks):
+        order = ("on", "off") if b % 2 == 0 else ("off", "on")
+        for mode in order:
+            set_mode(mode == "on")
+            t, c = block()
+            times[mode] += t
+            cpu_times[mode] += c
+            block_medians[mode].append(statistics.median(t))
+    set_mode(True)
+    recorded = 0
+    if rank == 0:
+        snap = dtwatch.read_ring(os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], "rank-00000.ring"))
+        recorded = len(snap.records)
+        with open(args.out, "w") as f:
+            json.dump({"params": params, "batch": batch, "world": world, "times": times, "cpu_times": cpu_times,
+                       "block_medians": block_medians, "records_last_ring": recorded}, f)
+    dist.destroy_process_group()
+
+
+def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dtwatch-bench-ddp-") as tmp:
+        out = os.path.join(tmp, "ddp.json")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTWATCH_", "TORCH_FR", "TORCH_NCCL"))}
+        env.update(DTWATCH_DIR=tmp, DTWATCH_JOB_ID="ddp", DTWATCH_WATCHDOG="off", DTWATCH_STACK_SIGNAL="off",
+                   OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(HERE), "--ddp-worker", "--out", out, "--blocks", str(blocks), "--steps", str(steps),
+               "--warmup-blocks", str(warmup_blocks)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise SystemExit(f"DDP benchmark failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            raw = json.load(f)
+    on, off = raw["times"]["on"], raw["times"]["off"]
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    c_on, c_off = statistics.median(raw["cpu_times"]["on"]), statistics.median(raw["cpu_times"]["off"])
+    pairs = [(a - b) / b * 100 for a, b in zip(raw["block_medians"]["on"], raw["block_medians"]["off"])]
+    q = statistics.quantiles(pairs, n=4) if len(pairs) >= 4 else [min(pairs), 0, max(pairs)]
+    return {
+        "params": raw["params"], "batch": raw["batch"], "ranks": raw["world"], "blocks_per_mode": blocks,
+        "steps_per_block": steps, "steps_per_mode": len(on),
+        "median_step_ms_on": round(m_on * 1000, 3), "median_step_ms_off": round(m_off * 1000, 3),
+        "overhead_pct": round((m_on - m_off) / m_off * 100, 3),
+        "median_cpu_ms_on": round(c_on * 1000, 3), "median_cpu_ms_off": round(c_off * 1000, 3),
+        "cpu_overhead_pct": round((c_on - c_off) / c_off * 100, 3),
+        "paired_block_overhead_pct_median": round(statistics.median(pairs), 3),
+        "paired_block_overhead_pct_iqr": [round(q[0], 3), round(q[2], 3)],
+        "records_in_ring": raw["records_last_ring"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+def print_table(res: dict) -> None:
+    env = res["environment"]
+    print(f"dtwatch recorder overhead  (torch {env['torch']}, Python {env['python']}, {env['cpus']} CPUs, {env['machine']})")
+    print()
+    print("(a) per call, one-rank gloo group; median over alternating blocks")
+    header = f"  {'op':<24} {'baseline ns':>12} {'dtwatch ns':>11} {'added us':>9} {'ratio':>6}   added us IQR"
+    for title, key in (("wrapped collective (collective included)", "collective"),
+                       ("hot path alone (wrapper around a no-op; target <= 1 us)", "hot_path")):
+        print(f" {title}")
+        print(header)
+        for op, r in res["per_call"][key].items():
+            lo, hi = r["added_us_iqr"]
+            if len(op) > 24:
+                print(f"  {op}")
+                op = ""
+            print(f"  {op:<24} {r['baseline_ns']:>12.0f} {r['wrapped_ns']:>11.0f} {r['added_us']:>9.3f} "
+                  f"{r['ratio']:>6.2f}   [{lo:.3f}, {hi:.3f}]")
+    h, t = res["per_call"]["step_hook"], res["per_call"]["sampler_tick"]
+    print(f" other costs: optimizer-step hook {h['added_us']:.3f} us per step; sampler tick {t['added_us']:.1f} us "
+          f"every {t['interval_s']} s = {t['duty_pct']:.3f} % of one core")
+    d = res.get("ddp")
+    if d:
+        print()
+        print(f"(b) DDP training step, {d['ranks']} ranks (torchrun, gloo, CPU), {d['params'] / 1e6:.2f}M params, "
+              f"batch {d['batch']}, {d['steps_per_mode']} steps per mode in {d['blocks_per_mode']} alternating blocks")
+        print(f"  median step, dtwatch installed : {d['median_step_ms_on']:.3f} ms")
+        print(f"  median step, dtwatch removed   : {d['median_step_ms_off']:.3f} ms")
+        print(f"  overhead                       : {d['overhead_pct']:+.2f} %   (target <= 0.5 %)")
+        lo, hi = d["paired_block_overhead_pct_iqr"]
+        print(f"  per block pair (noise)         : median {d['paired_block_overhead_pct_median']:+.2f} %, "
+              f"IQR [{lo:+.2f}, {hi:+.2f}] %")
+        print(f"  estimate from (a)              : {d['estimated_overhead_pct']:+.3f} %   "
+              "(1 wrapped all_reduce + step hook per step, plus the sampler's duty)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout only)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier)")
+    ap.add_argument("--blocks", type=int, default=None, help="(a) alternating blocks per op (default 40)")
+    ap.add_argument("--calls", type=int, default=None, help="(a) calls per block, collectives (default 400)")
+    ap.add_argument("--noop-calls", type=int, default=None, help="(a) calls per block, hot path (default 5000)")
+    ap.add_argument("--ddp-blocks", type=int, default=None, help="(b) blocks per mode (default 40)")
+    ap.add_argument("--ddp-steps", type=int, default=None, help="(b) steps per block (default 15)")
+    ap.add_argument("--no-ddp", action="store_true", help="skip (b)")
+    # worker side of (b)
+    ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=30, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup-blocks", type=int, default=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ddp_worker:
+        args.blocks = args.blocks or 12
+        ddp_worker(args)
+        return
+
+    quick = args.quick
+    blocks = args.blocks or (10 if quick else 40)
+    calls = args.calls or (100 if quick else 400)
+    noop_calls = args.noop_calls or (1000 if quick else 5000)
+    ddp_blocks = args.ddp_blocks or (4 if quick else 40)
+    ddp_steps = args.ddp_steps or (10 if quick else 15)
+
+    import torch
+
+    res: dict = {
+        "environment": {
+            "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+        },
+        "per_call": bench_per_call(blocks, calls, noop_calls),
+    }
+    if not args.no_ddp:
+        d = res["ddp"] = bench_ddp(ddp_blocks, ddp_steps, 1 if quick else 2, timeout=600)
+        pc = res["per_call"]
+        per_step_us = pc["collective"]["all_reduce"]["added_us"] + pc["step_hook"]["added_us"]
+        d["estimated_overhead_pct"] = round(
+            per_step_us / 1000 / d["median_step_ms_off"] * 100 + pc["sampler_tick"]["duty_pct"], 4)
+    print_table(res)
+    if args.json:
+        text = json.dumps(res, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
