@@ -38,7 +38,7 @@ class SiteTable:
         self._internal: dict[int, bool] = {}  # id(code) -> torch/dtwatch?
         self._user: dict[int, bool] = {}  # for the sampler: also skips the standard library
         self._ids: dict[tuple[int, int], int] = {}  # (id(code), line) -> site id
-        self._by_pos: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id (hot path)
+        self.positions: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id (hot path)
         self._codes: dict[int, CodeType] = {}  # keeps the code objects above alive
         self._lock = threading.Lock()
 
@@ -59,11 +59,11 @@ class SiteTable:
         if f is None:
             return 0
         pos = (key, f.f_lasti)
-        site = self._by_pos.get(pos)
+        site = self.positions.get(pos)
         if site is None:
             site = self._new_site(f)
             if site:
-                self._by_pos[pos] = site
+                self.positions[pos] = site
         return site
 
     def frame_site(self, frame: FrameType) -> int:

@@ -461,7 +461,6 @@ def exit_findings(states: list[RankState], now: float, lint: LintCheck | None = 
         return s.exit_state == "exception" and any(w in s.exit_reason.lower() for w in PEER_ERRORS)
 
     crashed = [s for s in ended if s.exit_state != "exited" and not secondary(s)]
-    victims = [s.rank for s in states if secondary(s) or (not s.gone and s.open_calls)]
     ctx = _Context(states, {s.rank: Position(s.rank, "gone", s.last_call(), s.main_site) for s in states},
                    min(end_time(s) for s in ended), now, lint or _default_lint)
     if crashed:

@@ -32,9 +32,9 @@ import torch.distributed as dist
 from . import ring as ringfmt
 from .callsite import SiteTable
 from .config import Config, run_dir
-from .ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, TENSOR_LIST, OpSpec, bind
+from .ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
 from .ring import (
-    FLAG_ASYNC, FLAG_MARKER, OP_CODES, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
+    FLAG_ASYNC, FLAG_MARKER, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
     RECORD_SIZE, STATUS_ERROR, STATUS_OK, RingWriter, ring_filename,
 )
 
@@ -72,6 +72,7 @@ class Recorder:
         self.records_off = 0
         self.capacity = 1
         self.sites: SiteTable | None = None
+        self.site_positions: dict[tuple[int, int], int] = {}
         self.groups: dict[Any, tuple[int, Callable[[], int] | None]] = {}
         self.group_list: list[tuple[int, Any, Callable[[], int] | None]] = []  # for the sampler
         self.default_pg: Any = None
@@ -122,6 +123,7 @@ class Recorder:
         if old is not None:
             old.close()
         self.sites = SiteTable(ring.add_site)
+        self.site_positions = self.sites.positions  # read by the wrappers' fast path
         self.loader_index = {}
         self.mm, self.records_off, self.capacity = ring.mm, ring.records_off, ring.capacity
         self.ring = ring
@@ -185,12 +187,8 @@ class Recorder:
             return
         try:
             now = time.time()
-            stamp = next(self.stamps)
-            off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
-            RECORD_ENTRY_BY_NDIM[0].pack_into(
-                mm, off, stamp, self.step, now, now, 0, STATUS_OK, OP_CODES["step"], 0, 0,
-                FLAG_MARKER, 0, NO_GROUP, 0, self.step, 0, -1, stamp,
-            )
+            ring.write_record(next(self.stamps), op="step", seq=self.step, t_enter=now, t_exit=now, seq_span=0,
+                              flags=FLAG_MARKER, ntensors=0, numel=0, group_slot=NO_GROUP, step=self.step)
             ring.set_step(self.step, now)
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a step", exc)
@@ -320,7 +318,7 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
     gpos, apos, peer_pos, peer_name = spec.group_pos, spec.async_pos, spec.peer_pos, spec.kind.peer_arg
     always_async, composite, spans = spec.kind.always_async, spec.kind.composite, spec.spans_several
     tls, groups, dtypes = rec.tls, rec.groups, _DTYPE_CODES
-    entries, exit_pack, now = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time
+    entries, exit_pack, now, getframe = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time, sys._getframe
 
     @functools.wraps(original)
     def dtwatch_recorded(*args: Any, **kwargs: Any) -> Any:
@@ -335,7 +333,8 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             if payload == TENSOR:
                 t = args[ppos] if ppos < nargs else kwargs.get(pname)
                 shape = t.shape
-                ndim, numel, dt = len(shape), t.numel(), dtypes.get(t.dtype, 0)
+                ndim, dt = len(shape), dtypes.get(t.dtype, 0)
+                numel = NUMEL_FROM_SHAPE if ndim <= 4 else t.numel()  # the reader derives it from the dims
             elif payload == NOTHING:
                 shape, ndim, numel, dt = (), 0, 0, 0
             elif payload == OBJECT:
@@ -365,11 +364,17 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             slot, seqfn = ginfo
             seq0 = seqfn() if seqfn is not None else 0
             is_async = always_async or (apos >= 0 and bool(args[apos] if apos < nargs else kwargs.get("async_op")))
-            site = rec.sites.caller_site(1)
+            # Call site: a direct call from user code is one dict hit; anything else (calls from inside
+            # torch, e.g. FSDP) walks out to the first frame outside torch and dtwatch.
+            caller = getframe(1)
+            site = rec.site_positions.get((id(caller.f_code), caller.f_lasti))
+            if site is None:
+                site = rec.sites.caller_site(1)
+            del caller
             stamp = next(rec.stamps)
             off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
             entries[ndim if ndim < 4 else 4].pack_into(
-                mm, off, stamp, seq0 + 1, now(), 0.0, 1, 0, op, dt, ndim if ndim < 256 else 255,
+                mm, off, stamp, seq0 + 1, now(), op, dt, ndim if ndim < 256 else 255,
                 flags | FLAG_ASYNC if is_async else flags, ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, stamp,
             )
         except Exception as exc:  # noqa: BLE001 - recording must never break the collective

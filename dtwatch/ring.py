@@ -32,7 +32,8 @@ Format, version 1 (all little-endian; offsets in bytes):
   (and a marker per step). A record is valid when its leading and trailing stamps are equal and
   non-zero; the stamp is the record's 1-based position in the rank's history, so the newest record is
   the one with the largest stamp. ``t_exit`` is 0.0 while the call is in flight; ``status`` 1 = left
-  normally, 2 = raised. ``seq`` is torch's sequence number of the group for the call
+  normally, 2 = raised. ``numel`` is -2 for a single tensor of at most 4 dimensions (derive it from
+  ``dims``; ``read_ring`` does) and -1 for an object collective. ``seq`` is torch's sequence number of the group for the call
   (``ProcessGroup._get_sequence_number_for_group()`` after issuing it); ``seq_span`` is how many torch
   sequence numbers the call used (object collectives use several; p2p on NCCL none).
 """
@@ -127,9 +128,16 @@ assert _LOADER.size == LOADER_SIZE
 _REC_HEAD = "<QQddIBBBBBBHIQqi4x"  # stamp seq t_enter t_exit seq_span status op dtype ndim flags ntensors group site step numel peer
 _REC_HEAD_SIZE = struct.calcsize(_REC_HEAD)
 assert _REC_HEAD_SIZE == 72
+# The entry pack leaves t_exit, seq_span and status zero (pad bytes are written as zeros): the exit pack
+# fills them. Reader convention: an in-flight record spans 1 sequence number.
+_REC_ENTRY_HEAD = "<QQd13xBBBBBHIQqi4x"  # stamp seq t_enter [t_exit span status] op dtype ndim flags ntensors group site step numel peer
+assert struct.calcsize(_REC_ENTRY_HEAD) == _REC_HEAD_SIZE
 RECORD_ENTRY_BY_NDIM = tuple(
-    struct.Struct(_REC_HEAD + "q" * n + f"{(4 - n) * 8 + 16}x" + "Q") for n in range(5)
+    struct.Struct(_REC_ENTRY_HEAD + "q" * n + f"{(4 - n) * 8 + 16}x" + "Q") for n in range(5)
 )
+# ``numel`` of a single tensor of at most 4 dimensions is not written (saves a call on the hot path):
+# the reader derives it from the dims.
+NUMEL_FROM_SHAPE = -2
 RECORD_EXIT = struct.Struct("<dIB")  # t_exit, seq_span, status
 RECORD_EXIT_OFFSET = 24
 assert all(s.size == RECORD_SIZE for s in RECORD_ENTRY_BY_NDIM)
@@ -336,6 +344,30 @@ class RingWriter:
     def set_main_stack(self, sites: list[int]) -> None:
         padded = (list(sites) + [0] * MAIN_STACK_DEPTH)[:MAIN_STACK_DEPTH]
         MAIN_STACK.pack_into(self.mm, OFF_MAIN_STACK, *padded)
+
+    def write_record(
+        self, stamp: int, *, op: str, seq: int = 0, t_enter: float, t_exit: float = 0.0, seq_span: int = 1,
+        status: int | None = None, dtype: str = "unknown", shape: tuple[int, ...] = (), numel: int | None = None,
+        flags: int = 0, ntensors: int = 1, group_slot: int = 0, site: int = 0, step: int = 0, peer: int = -1,
+    ) -> int:
+        """Write one record (cold path: step markers, tools and tests). Returns its offset.
+
+        ``stamp`` is the record's 1-based position in this rank's history. ``t_exit`` 0.0 leaves it in
+        flight. The recorder's hot path packs the same layout itself.
+        """
+        off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
+        ndim = len(shape)
+        dims = tuple(shape[:4])
+        if numel is None:
+            numel = NUMEL_FROM_SHAPE if ndim <= 4 and ntensors == 1 else 0
+        RECORD_ENTRY_BY_NDIM[len(dims)].pack_into(
+            self.mm, off, stamp, seq, t_enter, OP_CODES[op], DTYPE_CODES.get(dtype, 0), min(ndim, 255), flags,
+            min(ntensors, 255), group_slot, site, step, numel, peer, *dims, stamp,
+        )
+        if t_exit:
+            RECORD_EXIT.pack_into(self.mm, off + RECORD_EXIT_OFFSET, t_exit, seq_span,
+                                  STATUS_OK if status is None else status)
+        return off
 
     def set_stack_signal(self, sig: int) -> None:
         I32.pack_into(self.mm, OFF_STACK_SIGNAL, sig)
@@ -587,7 +619,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
     groups = []
     for i in range(n_groups):
         name, desc, size, grank, mstart, mcount, cpp_seq, cpp_t = _GROUP.unpack_from(data, groups_off + i * GROUP_SIZE)
-        members = tuple(int(m) for m in members_all[mstart : mstart + mcount]) if mcount else None
+        members = tuple(members_all[mstart : mstart + mcount].tolist()) if mcount else None
         if members is None and size == world_size:
             members = tuple(range(world_size))
         groups.append(GroupInfo(i, _dec(name), _dec(desc), size, grank, members, cpp_seq, cpp_t))
@@ -620,6 +652,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
             valid = recs[idx[order]]
     else:
         valid = np.empty(0, dtype=RECORD_DTYPE)
+    _normalize(valid)
     return RankSnapshot(
         path=path, version=version, rank=rank, local_rank=local_rank, world_size=world_size, pid=pid,
         start_time=start_time, host=_dec(host), job_id=_dec(job_id), torch_version=_dec(torch_version),
@@ -632,6 +665,16 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         main_stack=[x for x in (site_of(i) for i in MAIN_STACK.unpack_from(data, OFF_MAIN_STACK) if i) if x is not None],
         groups=groups, sites=sites, loaders=loaders, records=valid,  # a copy: never a view of `data`
     )
+
+
+def _normalize(recs: np.ndarray) -> None:
+    """Fill in what the hot path leaves out: numel of <= 4-D tensors, the span of in-flight calls."""
+    derive = recs["numel"] == NUMEL_FROM_SHAPE
+    if derive.any():
+        ndim, dims = recs["ndim"][derive].astype(np.int64), recs["dims"][derive]
+        used = np.arange(4)[None, :] < ndim[:, None]
+        recs["numel"][derive] = np.where(used, dims, 1).prod(axis=1)
+    recs["seq_span"][(recs["t_exit"] == 0.0) & (recs["seq_span"] == 0)] = 1
 
 
 def find_rings(directory: str | os.PathLike) -> list[Path]:

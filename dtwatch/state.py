@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
-from .ring import FLAG_ASYNC, FLAG_MARKER, OPS, RankSnapshot, Site
+from .ring import DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RankSnapshot, Site
 
 RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
 CPP_OP = "cpp_collective"  # a collective issued from C++ (DDP reducer, FSDP): seen only as a seq
@@ -155,35 +154,57 @@ def process_state(pid: int) -> tuple[bool, str]:
 
 def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECENT_PER_GROUP) -> RankState:
     """Summarise a ring. ``local``: the process is on this machine, so its liveness can be checked."""
+    # Column-wise: the watchdog runs this for every rank on every poll, so rows are selected by index
+    # on single columns (no copies of the 128-byte records) and only the calls kept become Python
+    # objects, field by field from ``tolist()`` (the same values ``RankSnapshot.record`` gives).
     recs = snap.records
-    markers = recs[(recs["flags"] & FLAG_MARKER) != 0]
-    calls = recs[(recs["flags"] & FLAG_MARKER) == 0]
+    is_marker = (recs["flags"] & FLAG_MARKER) != 0
+    call_idx = np.flatnonzero(~is_marker)
+    t_enter, t_exit = recs["t_enter"], recs["t_exit"]
+    call_exit = t_exit[call_idx]
     last_activity = max(
         [snap.start_time, snap.step_time]
-        + ([float(calls["t_enter"].max()), float(calls["t_exit"].max())] if len(calls) else [])
+        + ([float(t_enter[call_idx].max()), float(call_exit.max())] if len(call_idx) else [])
         + [g.cpp_seq_time for g in snap.groups if g.cpp_seq]
     )
+    sites, groups_info = snap.sites, snap.groups
+    n_sites, n_groups, n_ops, n_dtypes = len(sites), len(groups_info), len(OPS), len(DTYPES)
 
-    def call(row: np.void) -> Call:
-        r = snap.record(row)
-        return Call(
-            op=r.op, group=r.group, seq=r.seq, site=_site(r.site), t_enter=r.t_enter, t_exit=r.t_exit,
-            fingerprint=r.fingerprint(), is_async=bool(r.flags & FLAG_ASYNC) or r.op in ("isend", "irecv", "batch_isend_irecv"),
-            span=r.seq_span,
-        )
+    def calls_at(idx: np.ndarray) -> list[Call]:
+        if not len(idx):
+            return []
+        rows = recs[idx]
+        out = []
+        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span in zip(
+            rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
+            rows["t_enter"].tolist(), rows["t_exit"].tolist(), rows["dtype"].tolist(), rows["ndim"].tolist(),
+            rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
+        ):
+            name = OPS[op] if op < n_ops else "unknown"
+            dtype = DTYPES[dt] if dt < n_dtypes else "unknown"
+            shape = "x".join(str(d) for d in dims[: min(ndim, 4)]) if numel >= 0 else "object"
+            site = sites[site_id - 1] if 0 < site_id <= n_sites else None
+            out.append(Call(
+                op=name, group=groups_info[gslot].name if gslot < n_groups else str(gslot), seq=seq,
+                site=_site(site), t_enter=te, t_exit=tx, fingerprint=f"{name}[{dtype}:{shape}]",
+                is_async=bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span=span,
+            ))
+        return out
 
     groups: dict[str, GroupProgress] = {}
-    for g in snap.groups:
-        mine = calls[calls["group"] == g.slot]
-        ends = mine["seq"].astype(np.int64) + mine["seq_span"].astype(np.int64) - 1
+    call_group = recs["group"][call_idx]
+    seq_col, span_col = recs["seq"], recs["seq_span"]
+    for g in groups_info:
+        mine = call_idx[call_group == g.slot]
+        ends = seq_col[mine].astype(np.int64) + span_col[mine].astype(np.int64) - 1
         py_seq = int(ends.max()) if len(mine) else 0
-        done = ends[mine["t_exit"] != 0.0]
+        done = ends[t_exit[mine] != 0.0]
         groups[g.name] = GroupProgress(
             name=g.name, members=list(g.members) if g.members is not None else None,
             seq=max(py_seq, g.cpp_seq), completed=int(done.max()) if len(done) else 0, py_seq=py_seq,
-            cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=[call(r) for r in mine[-recent:]],
+            cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
         )
-    open_rows = calls[calls["t_exit"] == 0.0]
+    open_idx = call_idx[call_exit == 0.0]
     alive, letter = process_state(snap.pid) if local else (None, "")
     return RankState(
         rank=snap.rank, local_rank=snap.local_rank, world_size=snap.world_size, host=snap.host,
@@ -191,7 +212,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         backend=snap.backend, alive=alive, proc_state=letter, exit_state=snap.exit_state_name,
         exit_reason=snap.exit_reason, exit_time=snap.exit_time, heartbeat_time=snap.heartbeat_time,
         step=snap.step, step_time=snap.step_time, groups=groups,
-        open_calls=[call(r) for r in open_rows], main_site=_site(snap.main_site),
+        open_calls=calls_at(open_idx), main_site=_site(snap.main_site),
         main_top_site=_site(snap.main_top_site), main_site_since=snap.main_site_since,
         main_stack=[s.to_dict() for s in snap.main_stack],
         loaders=[
@@ -201,7 +222,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         ],
         last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,
         gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
-        step_times=[float(t) for t in markers["t_enter"][-32:]],
+        step_times=[float(t) for t in t_enter[is_marker][-32:]],
     )
 
 

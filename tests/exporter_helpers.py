@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import dtwatch
-from dtwatch.ring import (
-    FLAG_MARKER, OP_CODES, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET, RECORD_SIZE,
-    STATUS_OK, DTYPE_CODES, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename,
-)
+from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 from dtwatch.state import RankState, from_snapshot
 from dtwatch.view import NodeView, WatchdogHealth
 
@@ -151,23 +148,17 @@ def write_synthetic_ring(
         step = 0
         for i in range(n):
             stamp += 1
-            off = writer.records_off + ((stamp - 1) % capacity) * RECORD_SIZE
             d = slow_duration if slow_every and (i + 1) % slow_every == 0 else duration
-            RECORD_ENTRY_BY_NDIM[1].pack_into(
-                writer.mm, off, stamp, i + 1, t, 0.0, 1, 0, OP_CODES[op], DTYPE_CODES["float32"], 1, 0, 1,
-                slot, site, step, numel, -1, numel, stamp,
+            writer.write_record(
+                stamp, op=op, seq=i + 1, t_enter=t, t_exit=t + d if i < n - in_flight else 0.0,
+                dtype="float32", shape=(numel,), group_slot=slot, site=site, step=step,
             )
-            if i < n - in_flight:
-                RECORD_EXIT.pack_into(writer.mm, off + RECORD_EXIT_OFFSET, t + d, 1, STATUS_OK)
             t += d + 1e-5
             if (i + 1) % per_step == 0 and step < steps:
                 step += 1
                 stamp += 1
-                off = writer.records_off + ((stamp - 1) % capacity) * RECORD_SIZE
-                RECORD_ENTRY_BY_NDIM[0].pack_into(
-                    writer.mm, off, stamp, step, t, t, 0, STATUS_OK, OP_CODES["step"], 0, 0, FLAG_MARKER, 0,
-                    NO_GROUP, 0, step, 0, -1, stamp,
-                )
+                writer.write_record(stamp, op="step", seq=step, t_enter=t, t_exit=t, seq_span=0, flags=FLAG_MARKER,
+                                    ntensors=0, numel=0, group_slot=NO_GROUP, step=step)
                 writer.set_step(step, t)
         writer.heartbeat(time.time(), 1)
     finally:

@@ -125,6 +125,9 @@ def start_watchdog(root: Path, job_id: str, *, window: float = 4.0, extra_args: 
     deadline = time.time() + 30
     while not ready.exists():
         if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             raise RuntimeError(f"watchdog did not start: {log.read_text()}")
         time.sleep(0.05)
     return proc, log

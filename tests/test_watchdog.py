@@ -3,7 +3,7 @@ op and line; healthy runs with quiet gaps and a straggler raise no stall."""
 from __future__ import annotations
 
 import json
-import signal
+from contextlib import contextmanager
 
 import pytest
 
@@ -21,21 +21,19 @@ def stall(index: dict) -> dict:
     return findings[0]
 
 
-def run_to_incident(tmp_path, scenario, nproc, **kw):
+@contextmanager
+def incident(tmp_path, scenario, nproc, **kw):
+    """Run a hanging job under a watchdog; yield (job, index of its first complete incident); stop it."""
     job = launch(tmp_path, scenario, nproc, window=WINDOW, **kw)
     try:
-        index = job.wait_incident(timeout=90)
-        first = job.wait_incident(timeout=5, complete=False)
-    except BaseException:
+        yield job, job.wait_incident(timeout=90)
+    finally:
         job.stop()
-        raise
-    return job, index, first
 
 
 @pytest.mark.timeout(150)
 def test_rank_conditional_collective_in_ddp_job(tmp_path):
-    job, index, _ = run_to_incident(tmp_path, "rank_conditional", 2)
-    try:
+    with incident(tmp_path, "rank_conditional", 2) as (job, index):
         f = stall(index)
         assert f["kind"] == "rank_conditional"
         assert f["ranks"] == [0]
@@ -63,14 +61,11 @@ def test_rank_conditional_collective_in_ddp_job(tmp_path):
         fr = json.load(open(f"{bundle}/fr/rank-00000.json"))
         assert any(e["op"] == "all_reduce" and e["seq"] + 1 == f["seq"] for e in fr["entries"])
         assert "timeline.svg" in files
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_subgroup_collective_skipped_by_a_member(tmp_path):
-    job, index, _ = run_to_incident(tmp_path, "subgroup_skip", 3)
-    try:
+    with incident(tmp_path, "subgroup_skip", 3) as (job, index):
         f = stall(index)
         assert f["kind"] == "rank_conditional"
         assert f["ranks"] == [0]
@@ -81,14 +76,11 @@ def test_subgroup_collective_skipped_by_a_member(tmp_path):
         assert f["details"]["subgroup_members"] == [0, 1]
         assert f["waiting_op"] == "barrier" and f["waiting_site"]["line"] == site_line("subgroup_barrier")
         assert sorted(f["waiting_ranks"]) == [1, 2]
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path):
-    job, index, first = run_to_incident(tmp_path, "uneven_ddp", 2)
-    try:
+    with incident(tmp_path, "uneven_ddp", 2) as (job, index):
         f = stall(index)
         assert f["kind"] == "uneven_iterations"
         assert f["ranks"] == [1]
@@ -104,14 +96,11 @@ def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path):
         warnings = [e for e in job.events() if e["event"] == "warning" and e["kind"] == "uneven_iterations"]
         assert warnings and warnings[0]["ranks"] == [1]
         assert warnings[0]["detected"] < job.onset() - 0.5
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_path):
-    job, index, _ = run_to_incident(tmp_path, "stuck_outside", 2)
-    try:
+    with incident(tmp_path, "stuck_outside", 2) as (job, index):
         f = stall(index)
         assert f["kind"] == "stuck_outside_collective"
         assert f["ranks"] == [1]
@@ -121,8 +110,6 @@ def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_pa
         assert f["waiting_op"] == "all_reduce"  # DDP's, named from the Flight Recorder
         stack1 = open(f"{index['_path']}/stacks/rank-00001.txt").read()
         assert "load_batch" in stack1
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
@@ -133,8 +120,7 @@ def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_pa
 ])
 def test_rank_exited_while_others_wait(tmp_path, scenario, how):
     # Plain processes (like srun): nobody tears the survivors down when a rank dies.
-    job, index, _ = run_to_incident(tmp_path, scenario, 2, torchrun=False)
-    try:
+    with incident(tmp_path, scenario, 2, torchrun=False) as (job, index):
         f = stall(index)
         assert f["kind"] == "rank_exited"
         assert f["ranks"] == [1]
@@ -144,14 +130,11 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
         assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
         if scenario == "exception":
             assert f"hang_worker.py:{site_line('raise')}" in f["details"]["exit_reason"]
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_op_mismatch_at_same_sequence_number(tmp_path):
-    job, index, _ = run_to_incident(tmp_path, "mismatch", 3)
-    try:
+    with incident(tmp_path, "mismatch", 3) as (job, index):
         f = stall(index)
         assert f["kind"] == "mismatch"
         assert f["ranks"] == [1]
@@ -159,37 +142,28 @@ def test_op_mismatch_at_same_sequence_number(tmp_path):
         fps = f["details"]["fingerprints"]
         assert fps["barrier[unknown:]"] == [1]
         assert fps["all_reduce[float32:4]"] == [0, 2]
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_shape_mismatch_that_crashes_gloo_is_explained(tmp_path):
     # gloo aborts one rank ("Received data size doesn't match") and torchrun tears the others down.
-    job, index, _ = run_to_incident(tmp_path, "shape_mismatch", 3)
-    try:
+    with incident(tmp_path, "shape_mismatch", 3) as (job, index):
         f = stall(index)
         assert f["kind"] == "mismatch"
         assert f["ranks"] == [1]
         assert f["site"]["line"] == site_line("shape_mismatch")
         assert f["details"]["fingerprints"] == {"all_reduce[float32:4]": [1], "all_reduce[float32:8]": [0, 2]}
         assert "the job then crashed" in f["summary"]
-    finally:
-        job.stop()
 
 
 @pytest.mark.timeout(150)
 def test_wedged_rank_sigstop_is_unresponsive(tmp_path):
-    job, index, _ = run_to_incident(tmp_path, "sigstop", 2, torchrun=False)
-    try:
+    with incident(tmp_path, "sigstop", 2, torchrun=False) as (job, index):  # stop() sends SIGCONT first
         f = stall(index)
         assert f["kind"] == "unresponsive"
         assert f["ranks"] == [1]
         assert f["details"]["proc_state"] == "T"
         assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
-    finally:
-        job.procs[1].send_signal(signal.SIGCONT)
-        job.stop()
 
 
 @pytest.mark.timeout(120)
