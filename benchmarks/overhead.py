@@ -28,7 +28,11 @@ import json
 import os
 import platform
 import statistics
+import contextlib
+import socket
 import subprocess
+import threading
+import urllib.request
 import sys
 import tempfile
 import time
@@ -229,8 +233,64 @@ def ddp_worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="dtwatch-bench-ddp-") as tmp:
+@contextlib.contextmanager
+def exporters_running(run_root: str, job_id: str):
+    """A real watchdog for the job with its Prometheus endpoint scraped every second and OTLP/HTTP export
+    to a local sink (every span and metric export is accepted), as in production with exporters on."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stats = {"otlp_posts": 0, "scrapes": 0}
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            stats["otlp_posts"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *a) -> None:
+            pass
+
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DTWATCH_", "OTEL_"))}
+    env.update(OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+               OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink.server_address[1]}")
+    os.makedirs(os.path.join(run_root, job_id), exist_ok=True)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "dtwatch", "watch", "--dir", run_root, "--job-id", job_id, "--metrics-port", "0",
+         "--metrics-addr", "127.0.0.1", "--idle-exit", "0", "--store", "none"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    ready = os.path.join(run_root, job_id, f"watchdog-{socket.gethostname()}.json")
+    deadline = time.time() + 30
+    while not os.path.exists(ready) and time.time() < deadline:
+        time.sleep(0.05)
+    url = json.load(open(ready)).get("url")
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+                stats["scrapes"] += 1
+            except OSError:
+                pass
+
+    threading.Thread(target=scrape, daemon=True).start()
+    try:
+        yield stats
+    finally:
+        stop.set()
+        watchdog.terminate()
+        watchdog.wait(timeout=30)
+        sink.shutdown()
+
+
+def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float, exporters: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dtwatch-bench-ddp-") as tmp, \
+            (exporters_running(tmp, "ddp") if exporters else contextlib.nullcontext({})) as export_stats:
         out = os.path.join(tmp, "ddp.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DTWATCH_", "TORCH_FR", "TORCH_NCCL"))}
         env.update(DTWATCH_DIR=tmp, DTWATCH_JOB_ID="ddp", DTWATCH_WATCHDOG="off", DTWATCH_STACK_SIGNAL="off",
@@ -258,6 +318,7 @@ def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float) -> di
         "paired_block_overhead_pct_median": round(statistics.median(pairs), 3),
         "paired_block_overhead_pct_iqr": [round(q[0], 3), round(q[2], 3)],
         "records_in_ring": raw["records_last_ring"],
+        "exporters": dict(export_stats) if exporters else None,
     }
 
 
@@ -284,19 +345,25 @@ def print_table(res: dict) -> None:
     h, t = res["per_call"]["step_hook"], res["per_call"]["sampler_tick"]
     print(f" other costs: optimizer-step hook {h['added_us']:.3f} us per step; sampler tick {t['added_us']:.1f} us "
           f"every {t['interval_s']} s = {t['duty_pct']:.3f} % of one core")
-    d = res.get("ddp")
-    if d:
+    for key, label in (("ddp", ""), ("ddp_exporters", " with a watchdog exporting (Prometheus scraped 1/s, OTLP/HTTP)")):
+        d = res.get(key)
+        if not d:
+            continue
         print()
         print(f"(b) DDP training step, {d['ranks']} ranks (torchrun, gloo, CPU), {d['params'] / 1e6:.2f}M params, "
-              f"batch {d['batch']}, {d['steps_per_mode']} steps per mode in {d['blocks_per_mode']} alternating blocks")
+              f"batch {d['batch']}, {d['steps_per_mode']} steps per mode in {d['blocks_per_mode']} alternating blocks{label}")
         print(f"  median step, dtwatch installed : {d['median_step_ms_on']:.3f} ms")
         print(f"  median step, dtwatch removed   : {d['median_step_ms_off']:.3f} ms")
         print(f"  overhead                       : {d['overhead_pct']:+.2f} %   (target <= 0.5 %)")
         lo, hi = d["paired_block_overhead_pct_iqr"]
         print(f"  per block pair (noise)         : median {d['paired_block_overhead_pct_median']:+.2f} %, "
               f"IQR [{lo:+.2f}, {hi:+.2f}] %")
-        print(f"  estimate from (a)              : {d['estimated_overhead_pct']:+.3f} %   "
-              "(1 wrapped all_reduce + step hook per step, plus the sampler's duty)")
+        if "estimated_overhead_pct" in d:
+            print(f"  estimate from (a)              : {d['estimated_overhead_pct']:+.3f} %   "
+                  "(1 wrapped all_reduce + step hook per step, plus the sampler's duty)")
+        if d.get("exporters"):
+            print(f"  exporters during the run       : {d['exporters']['scrapes']} scrapes, "
+                  f"{d['exporters']['otlp_posts']} OTLP posts")
 
 
 def main() -> None:
@@ -309,6 +376,8 @@ def main() -> None:
     ap.add_argument("--ddp-blocks", type=int, default=None, help="(b) blocks per mode (default 40)")
     ap.add_argument("--ddp-steps", type=int, default=None, help="(b) steps per block (default 15)")
     ap.add_argument("--no-ddp", action="store_true", help="skip (b)")
+    ap.add_argument("--exporters", action="store_true",
+                    help="also run (b) with a real watchdog exporting (Prometheus scraped, OTLP/HTTP to a local sink)")
     # worker side of (b)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -342,6 +411,9 @@ def main() -> None:
         per_step_us = pc["collective"]["all_reduce"]["added_us"] + pc["step_hook"]["added_us"]
         d["estimated_overhead_pct"] = round(
             per_step_us / 1000 / d["median_step_ms_off"] * 100 + pc["sampler_tick"]["duty_pct"], 4)
+        if args.exporters:
+            # Exporters live in the watchdog process: the training process's cost must not change.
+            res["ddp_exporters"] = bench_ddp(ddp_blocks, ddp_steps, 1 if quick else 2, timeout=600, exporters=True)
     print_table(res)
     if args.json:
         text = json.dumps(res, indent=2)
