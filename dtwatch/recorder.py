@@ -13,6 +13,7 @@ own disables recording for that call and produces one warning per process.
 from __future__ import annotations
 
 import atexit
+import errno
 import faulthandler
 import functools
 import itertools
@@ -130,6 +131,8 @@ class Recorder:
         self.default_pg = pg
         self.register_group(pg)
         self._install_stack_dump()
+        if self.config.allow_ptrace:
+            _allow_ptrace(self)
         from .sampler import Sampler
 
         self.sampler = Sampler(self)
@@ -295,6 +298,22 @@ class Recorder:
             self.ring.set_stack_signal(sig)
         except Exception as exc:  # noqa: BLE001
             self.fail("registering faulthandler", exc)
+
+
+def _allow_ptrace(rec: Recorder) -> None:
+    """prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY): Yama then lets same-user processes (py-spy) attach."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_ptracer, ptracer_any = 0x59616D61, ctypes.c_ulong(-1)
+        if libc.prctl(pr_set_ptracer, ptracer_any, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err == errno.EINVAL:
+                return  # no Yama in this kernel: ptrace is not restricted by it, nothing to allow
+            raise OSError(err, "prctl(PR_SET_PTRACER) failed")
+    except Exception as exc:  # noqa: BLE001 - not Linux, or no Yama: py-spy may still work
+        rec.fail("allowing ptrace (DTWATCH_ALLOW_PTRACE)", exc)
 
 
 def _device_identity() -> tuple[int, str]:

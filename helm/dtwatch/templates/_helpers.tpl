@@ -171,6 +171,9 @@ the run directory and job id match the sidecar's.
 {{- define "dtwatch.trainerEnv" -}}
 - name: DTWATCH_WATCHDOG
   value: "off"
+# Let the same-UID watchdog sidecar ptrace the ranks (py-spy) where Yama ptrace_scope=1 would refuse it.
+- name: DTWATCH_ALLOW_PTRACE
+  value: "1"
 {{ include "dtwatch.sharedEnv" . }}
 {{- end }}
 
