@@ -203,6 +203,21 @@ def check_stall(states: list[RankState], now: float, window: float, heartbeat_st
     return StallCheck(stalled, last_progress, blocked, pos)
 
 
+def settle_completed(states: list[RankState], pos: dict[int, Position]) -> None:
+    """What each rank has completed, per group, using the cross-rank view.
+
+    A rank's own ring knows completion only for Python-issued calls. With every rank's position known,
+    everything a rank issued in a group has completed, except the call it is blocked in.
+    """
+    for s in states:
+        p = pos.get(s.rank)
+        for g in s.groups.values():
+            if p is not None and p.call is not None and p.call.group == g.name and p.state != "gone":
+                g.completed = max(g.completed, min(g.seq, p.call.seq - 1))
+            elif not any(c.group == g.name for c in s.open_calls):
+                g.completed = max(g.completed, g.seq)
+
+
 # ---------------------------------------------------------------------------------------------------
 # classification
 # ---------------------------------------------------------------------------------------------------

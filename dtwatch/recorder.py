@@ -190,8 +190,12 @@ class Recorder:
             return
         try:
             now = time.time()
-            ring.write_record(next(self.stamps), op="step", seq=self.step, t_enter=now, t_exit=now, seq_span=0,
-                              flags=FLAG_MARKER, ntensors=0, numel=0, group_slot=NO_GROUP, step=self.step)
+            # The marker's seq is the default group's torch sequence number at the step: progress of jobs
+            # whose collectives are issued from C++ (DDP, FSDP), one C++ read per step.
+            slot, seqfn = self.groups.get(self.default_pg, (NO_GROUP, None))
+            ring.write_record(next(self.stamps), op="step", seq=seqfn() if seqfn is not None else 0, t_enter=now,
+                              t_exit=now, seq_span=0, flags=FLAG_MARKER, ntensors=0, numel=0, group_slot=slot,
+                              step=self.step)
             ring.set_step(self.step, now)
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a step", exc)

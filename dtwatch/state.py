@@ -14,6 +14,7 @@ import numpy as np
 from .ring import DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RankSnapshot, Site
 
 RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
+STEP_HISTORY = 64  # recent step markers kept (timeline, step rate)
 CPP_OP = "cpp_collective"  # a collective issued from C++ (DDP reducer, FSDP): seen only as a seq
 
 
@@ -84,6 +85,7 @@ class RankState:
     gpu_uuid: str = ""
     ring_path: str = ""
     step_times: list[float] = field(default_factory=list)  # recent step marker times
+    step_seqs: list[int] = field(default_factory=list)  # the default group's seq at those steps
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -169,11 +171,14 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
     )
     sites, groups_info = snap.sites, snap.groups
     n_sites, n_groups, n_ops, n_dtypes = len(sites), len(groups_info), len(OPS), len(DTYPES)
+    site_dicts: dict[int, dict | None] = {}
+    fingerprints: dict[tuple, str] = {}
+    rows_of = recs.view(np.dtype((np.void, recs.dtype.itemsize))) if len(recs) else recs
 
     def calls_at(idx: np.ndarray) -> list[Call]:
         if not len(idx):
             return []
-        rows = recs[idx]
+        rows = rows_of[idx].view(recs.dtype)  # gathered as opaque items: much faster than field by field
         out = []
         for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span in zip(
             rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
@@ -181,13 +186,20 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
         ):
             name = OPS[op] if op < n_ops else "unknown"
-            dtype = DTYPES[dt] if dt < n_dtypes else "unknown"
-            shape = "x".join(str(d) for d in dims[: min(ndim, 4)]) if numel >= 0 else "object"
-            site = sites[site_id - 1] if 0 < site_id <= n_sites else None
+            key = (name, dt, numel >= 0, *dims[: min(ndim, 4)])
+            fp = fingerprints.get(key)
+            if fp is None:
+                dtype = DTYPES[dt] if dt < n_dtypes else "unknown"
+                shape = "x".join(str(d) for d in dims[: min(ndim, 4)]) if numel >= 0 else "object"
+                fp = fingerprints[key] = f"{name}[{dtype}:{shape}]"
+            if site_id in site_dicts:
+                site = site_dicts[site_id]
+            else:
+                site = site_dicts[site_id] = sites[site_id - 1].to_dict() if 0 < site_id <= n_sites else None
             out.append(Call(
-                op=name, group=groups_info[gslot].name if gslot < n_groups else str(gslot), seq=seq,
-                site=_site(site), t_enter=te, t_exit=tx, fingerprint=f"{name}[{dtype}:{shape}]",
-                is_async=bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span=span,
+                name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq,
+                dict(site) if site is not None else None, te, tx, fp,
+                bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span,
             ))
         return out
 
@@ -222,7 +234,8 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         ],
         last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,
         gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
-        step_times=[float(t) for t in t_enter[is_marker][-32:]],
+        step_times=[float(t) for t in t_enter[is_marker][-STEP_HISTORY:]],
+        step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]],
     )
 
 

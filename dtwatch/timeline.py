@@ -27,20 +27,24 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
         if g is None:
             continue
         pts = [(c.t_enter, c.seq) for c in g.recent]
-        if g.cpp_seq > g.py_seq and g.cpp_seq_time:
+        if group == "0":  # step markers carry the default group's seq: C++-issued (DDP/FSDP) progress
+            pts += [(t, q) for t, q in zip(s.step_times, s.step_seqs) if q]
+        if g.cpp_seq and g.cpp_seq_time:
             pts.append((g.cpp_seq_time, g.cpp_seq))
         pts.sort()
         series[s.rank] = pts
     all_pts = [p for pts in series.values() for p in pts]
-    height = 360 + 18 * len(series)
-    left, right, top, bottom = 70, 220, 40, 50
+    caption = _wrap(stall.summary, 150)[:4] if stall else []
+    top = 40 + 15 * len(caption)
+    height = top + 300 + max(0, 18 * len(series) - 200)
+    left, right, bottom = 70, 220, 50
     if not all_pts:
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="80">'
                 f'<text x="10" y="40">no collectives recorded in group {escape(group)}</text></svg>')
     t0 = min(t for t, _ in all_pts)
     t1 = max(now, max(t for t, _ in all_pts)) + 1e-6
     s0 = min(q for _, q in all_pts)
-    s1 = max(q for _, q in all_pts) + 1
+    s1 = max(q for _, q in all_pts) + 1  # ints
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def x(t: float) -> float:
@@ -57,16 +61,23 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
            f'<text x="{left + plot_w / 2}" y="{height - 15}" text-anchor="middle">seconds (0 = first call shown)</text>',
            f'<text x="15" y="{top + plot_h / 2}" transform="rotate(-90 15 {top + plot_h / 2})" text-anchor="middle">seq</text>']
+    for line_no, text in enumerate(caption):
+        out.append(f'<text x="{left}" y="{40 + 15 * line_no}" font-size="11">{escape(text)}</text>')
     for i in range(6):
         tv = t0 + (t1 - t0) * i / 5
         out.append(f'<text x="{x(tv):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tv - t0:.1f}</text>')
-        qv = s0 + (s1 - s0) * i / 5
-        out.append(f'<text x="{left - 8}" y="{y(qv) + 4:.1f}" text-anchor="end">{qv:.0f}</text>')
+    step = max(1, -(-(s1 - s0) // 5))  # integer ticks, at most ~6
+    for qv in range(s0, s1 + 1, step):
+        out.append(f'<text x="{left - 8}" y="{y(qv) + 4:.1f}" text-anchor="end">{qv}</text>')
     if stall and stall.onset:
         ox = x(stall.onset)
         out.append(f'<line x1="{ox:.1f}" y1="{top}" x2="{ox:.1f}" y2="{top + plot_h}" stroke="{CULPRIT}" stroke-dasharray="4 3"/>')
         out.append(f'<text x="{ox + 4:.1f}" y="{top + 12}" fill="{CULPRIT}">last progress</text>')
-    for i, (rank, pts) in enumerate(sorted(series.items())):
+    by_rank = {st.rank: st for st in states}
+    legend = sorted(series)
+    # Culprits last, so their lines are drawn on top of the ranks waiting at the same sequence number.
+    for rank, pts in sorted(series.items(), key=lambda kv: (kv[0] in culprits, kv[0])):
+        i = legend.index(rank)
         color = CULPRIT if rank in culprits else WAITING if rank in waiting else PALETTE[i % len(PALETTE)]
         if not pts:
             continue
@@ -78,11 +89,22 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
         last_t, last_q = pts[-1]
         out.append(f'<circle cx="{x(now):.1f}" cy="{y(last_q):.1f}" r="3" fill="{color}"/>')
         role = " culprit" if rank in culprits else " waiting" if rank in waiting else ""
-        out.append(f'<text x="{left + plot_w + 10}" y="{top + 14 + 18 * i}" fill="{color}">rank {rank}: seq {last_q}{role}</text>')
-    if stall:
-        out.append(f'<text x="{left}" y="{height - 32}" font-size="11">{escape(stall.summary[:160])}</text>')
+        call = by_rank[rank].blocking_call() if rank in by_rank else None
+        op = f"{call.op} " if call is not None else ""
+        out.append(f'<text x="{left + plot_w + 10}" y="{top + 14 + 18 * i}" fill="{color}">rank {rank}: {escape(op)}seq {last_q}{role}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + ([line] if line else [])
 
 
 def render_html(svg: str, report_text: str) -> str:

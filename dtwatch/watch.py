@@ -24,7 +24,7 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    Finding, check_stall, classify, exit_findings, straggler_lags, straggler_warning, uneven_loader_warnings,
+    Finding, check_stall, classify, exit_findings, settle_completed, straggler_lags, straggler_warning, uneven_loader_warnings,
 )
 from .launcher import lock_path
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
@@ -286,6 +286,8 @@ class Watchdog:
         window = self.window.value
 
         check = check_stall(states, now, window, self.opts.heartbeat_stale) if states else None
+        if check is not None:
+            settle_completed(states, check.positions)
         exits = exit_findings(states, now) if states else []  # a crash needs no window
         if self.incident is None and exits:
             self.open_incident(states, exits, now, snaps, onset=min(f.onset for f in exits))

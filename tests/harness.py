@@ -85,17 +85,48 @@ class Job:
         return [p.poll() for p in self.procs]
 
     def stop(self) -> None:
-        for p in self.procs + ([self.watchdog] if self.watchdog else []):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGCONT)
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        stop_processes(self.procs + ([self.watchdog] if self.watchdog else []))
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Kill launched processes and, for torchrun, its ranks. torchrun starts every worker in a session of
+    its own, so the ranks are found as torchrun's children (before it dies) and killed by PID, after
+    checking that each still runs the job's script; otherwise they would stay behind, hung in a collective."""
+    ranks = []
+    for proc in procs:
+        script = next((Path(a).name.encode() for a in proc.args if str(a).endswith(".py")), None)
+        if script is not None and proc.poll() is None:
+            ranks += [(pid, script) for pid in _children(proc.pid)]
+    for p in procs:
+        if p.poll() is None:
             try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
                 pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid, script in ranks:
+        try:
+            if script in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs of the live processes whose parent is ``pid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 def base_env(root: Path, job_id: str, extra: dict | None = None) -> dict:

@@ -7,55 +7,18 @@ The series Prometheus stores must equal what the ranks did and what their rings 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
 from tests.exporter_helpers import WORKER, read_states
 from tests.harness import base_env, free_port, start_watchdog
+from tests.prom_servers import get_json as _get_json
+from tests.prom_servers import stop as _stop
+from tests.prom_servers import until as _until
 from tests.tools import require_tool
-
-
-def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def _until(what: str, fn, timeout: float = 60.0, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except OSError as exc:  # not listening yet
-            last = exc
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: still {last!r} after {timeout} s")
-
-
-def _stop(proc: subprocess.Popen | None, group: bool = False) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        if group:
-            os.killpg(proc.pid, signal.SIGTERM)
-        else:
-            proc.terminate()
-        proc.wait(timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        if group:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 def test_prometheus_scrapes_the_watchdog_and_stores_what_the_rings_say(tmp_path: Path) -> None:

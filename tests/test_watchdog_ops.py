@@ -3,7 +3,6 @@ zero-edit `dtwatch run`, auto-start by the first rank, and torchrun restarts."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import SCRIPTS, WORKER, base_env, free_port, launch, site_line, start_watchdog
+from tests.harness import SCRIPTS, WORKER, base_env, free_port, launch, site_line, start_watchdog, stop_processes
 
 
 class WebhookReceiver:
@@ -139,10 +138,7 @@ def test_watchdog_survives_torchrun_restart_and_closes_the_incident(tmp_path):
         assert "simulated crash on the first attempt" in f["details"]["exit_reason"]
         assert f"hang_worker.py:{site_line('crash_once')}" in f["details"]["exit_reason"]
     finally:
-        for p in (torchrun, watchdog):
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
+        stop_processes([torchrun, watchdog])
 
 
 @pytest.mark.timeout(200)
@@ -193,8 +189,4 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         assert len(merged["findings"]) == 1 and merged["findings"][0]["ranks"] == [0]
         assert sorted(r["rank"] for r in merged["ranks"]) == [0, 1]
     finally:
-        for _root, watchdog, _log, proc in nodes.values():
-            for p in (proc, watchdog):
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-                    p.wait()
+        stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])

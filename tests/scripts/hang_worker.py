@@ -160,6 +160,25 @@ def main() -> None:
             dist.all_reduce(t)
             dtwatch.step()
 
+    elif SCENARIO == "dashboard_tour":
+        # Every kind of series the dashboards show on CPU (tests/test_dashboards_live.py): DDP training
+        # steps (C++-issued all_reduce), a Python-issued metric all_reduce per step that the last rank
+        # enters late (straggler), DataLoader lengths that differ across ranks (rank 1 has fewer batches:
+        # a warning as the epoch starts), then the uneven-iterations stall: rank 1 leaves the loop and
+        # waits at the post-loop barrier while the others wait in DDP's gradient all_reduce.
+        model, opt = model_and_opt()
+        batches = 36 if rank != 1 else 31
+        loader = DataLoader(TensorDataset(torch.randn(batches * 8, 16)), batch_size=8)  # site:tour_loader
+        metric = torch.zeros(1)
+        for (batch,) in loader:
+            time.sleep(0.15)
+            train_step(model, opt, batch)
+            if rank == world - 1:
+                time.sleep(0.1)  # site:tour_slow_rank
+            dist.all_reduce(metric)  # site:tour_metric
+        mark_onset()
+        dist.barrier()  # site:tour_post_loop_barrier
+
     else:
         raise SystemExit(f"unknown scenario {SCENARIO}")
     dist.destroy_process_group()
