@@ -9,8 +9,8 @@
 The rings are synthesised offline (no torch process group): ``dtwatch.ring.RingWriter`` creates each
 rank's file, group table (the world group with all members, plus the rank's 8-rank "tensor parallel"
 group, named as torch names groups created by every rank: "1", "2", ...), call-site table, DataLoader
-table and live header fields; records are packed with the same ``RECORD_ENTRY_BY_NDIM`` structs the
-recorder uses on the training thread. The call sites point into a small generated ``train.py`` so the
+table and live header fields; records go through ``RingWriter.write_record`` (the writer's own record
+path, which the recorder uses for step markers; the hot path packs the same layout). The call sites point into a small generated ``train.py`` so the
 analyzer's rank-conditional check (``dtwatch.lint``) and source lines see a real file.
 
 Per rank: ``--records`` records (default 200) in steps of: a TP all_reduce (activations), a world
@@ -43,10 +43,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 from dtwatch import ring as ringfmt  # noqa: E402
 from dtwatch.ring import (  # noqa: E402
-    FLAG_MARKER, OP_CODES, DTYPE_CODES, RECORD_ENTRY_BY_NDIM, RECORD_SIZE, STATUS_IN_FLIGHT, STATUS_OK,
-    RingWriter, ring_filename,
+    DTYPE_CODES, FLAG_MARKER, OP_CODES, RECORD_DTYPE, STATUS_IN_FLIGHT, STATUS_OK, RingWriter, ring_filename,
 )
 
 NO_GROUP = 0xFFFF
@@ -98,17 +99,29 @@ def _line(marker: str) -> int:
     raise KeyError(marker)
 
 
-def _pack(w: RingWriter, stamp: int, capacity: int, *, seq: int, t_enter: float, t_exit: float, op: str,
-          dtype: str, shape: tuple, flags: int, slot: int, site: int, step: int, status: int) -> None:
-    numel = 1
+def _record(w: RingWriter, stamp: int, capacity: int, *, op: str, seq: int, t_enter: float, t_exit: float = 0.0,
+            seq_span: int = 1, dtype: str = "unknown", shape: tuple = (), numel: int | None = None, flags: int = 0,
+            ntensors: int = 1, slot: int = 0, site: int = 0, step: int = 0) -> None:
+    """One record, through the writer's own ``write_record`` (what the recorder uses for step markers)."""
+    if hasattr(w, "write_record"):
+        w.write_record(stamp, op=op, seq=seq, t_enter=t_enter, t_exit=t_exit, seq_span=seq_span, dtype=dtype,
+                       shape=shape, numel=numel, flags=flags, ntensors=ntensors, group_slot=slot, site=site, step=step)
+        return
+    # Older writers: fill the record through the on-disk layout (RECORD_DTYPE), stamps last.
+    view = np.frombuffer(w.mm, dtype=RECORD_DTYPE, count=capacity, offset=w.records_off)
+    r = view[(stamp - 1) % capacity]
+    n = 1
     for d in shape:
-        numel *= d
-    off = w.records_off + ((stamp - 1) % capacity) * RECORD_SIZE
-    ndim = len(shape)
-    RECORD_ENTRY_BY_NDIM[ndim].pack_into(
-        w.mm, off, stamp, seq, t_enter, t_exit, 1, status, OP_CODES[op], DTYPE_CODES[dtype], ndim, flags,
-        1, slot, site, step, numel if op != "barrier" else 0, -1, *shape, stamp,
-    )
+        n *= d
+    r["stamp2"] = 0
+    r["seq"], r["t_enter"], r["t_exit"], r["seq_span"] = seq, t_enter, t_exit, seq_span
+    r["status"] = STATUS_OK if t_exit else STATUS_IN_FLIGHT
+    r["op"], r["dtype"], r["ndim"], r["flags"], r["ntensors"] = OP_CODES[op], DTYPE_CODES[dtype], len(shape), flags, ntensors
+    r["group"], r["site"], r["step"], r["peer"] = slot, site, step, -1
+    r["numel"] = n if numel is None else numel
+    r["dims"] = list(shape[:4]) + [0] * (4 - len(shape[:4]))
+    r["stamp"] = r["stamp2"] = stamp
+    del r, view
 
 
 def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culprit: int, now: float) -> dict:
@@ -142,27 +155,24 @@ def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culpri
         while written < records - 2:
             seq_tp += 1
             stamp += 1
-            _pack(w, stamp, capacity, seq=seq_tp, t_enter=t, t_exit=t + 0.01, op="all_reduce", dtype="bfloat16",
-                  shape=(4, 2048, 1024), flags=0, slot=g_tp, site=site["tp_all_reduce"], step=step, status=STATUS_OK)
+            _record(w, stamp, capacity, seq=seq_tp, t_enter=t, t_exit=t + 0.01, op="all_reduce", dtype="bfloat16",
+                    shape=(4, 2048, 1024), slot=g_tp, site=site["tp_all_reduce"], step=step)
             seq_world += 1
             stamp += 1
-            _pack(w, stamp, capacity, seq=seq_world, t_enter=t + 0.2, t_exit=t + 0.35, op="all_reduce", dtype="float32",
-                  shape=(1048576,), flags=0, slot=g_world, site=site["grad_all_reduce"], step=step, status=STATUS_OK)
+            _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.2, t_exit=t + 0.35, op="all_reduce", dtype="float32",
+                    shape=(1048576,), slot=g_world, site=site["grad_all_reduce"], step=step)
             written += 2
             if step % 5 == 0:
                 seq_world += 1
                 stamp += 1
-                _pack(w, stamp, capacity, seq=seq_world, t_enter=t + 0.36, t_exit=t + 0.37, op="all_reduce",
-                      dtype="float32", shape=(), flags=0, slot=g_world, site=site["loss_all_reduce"], step=step,
-                      status=STATUS_OK)
+                _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.36, t_exit=t + 0.37, op="all_reduce",
+                        dtype="float32", shape=(), slot=g_world, site=site["loss_all_reduce"], step=step)
                 written += 1
             step += 1
             stamp += 1
             # A step marker, as the recorder writes it (seq = step, t_exit = t_enter, no group).
-            RECORD_ENTRY_BY_NDIM[0].pack_into(
-                w.mm, w.records_off + ((stamp - 1) % capacity) * RECORD_SIZE, stamp, step, t + 0.4, t + 0.4, 0,
-                STATUS_OK, OP_CODES["step"], 0, 0, FLAG_MARKER, 0, NO_GROUP, 0, step, 0, -1, stamp,
-            )
+            _record(w, stamp, capacity, op="step", seq=step, t_enter=t + 0.4, t_exit=t + 0.4, seq_span=0,
+                    flags=FLAG_MARKER, ntensors=0, numel=0, slot=NO_GROUP, step=step)
             written += 1
             t += step_period
         w.set_step(step, t - step_period + 0.4)
@@ -172,13 +182,13 @@ def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culpri
         stamp += 1
         t_hang = t + 0.05
         if rank == culprit:
-            _pack(w, stamp, capacity, seq=seq_world, t_enter=t_hang, t_exit=0.0, op="all_reduce", dtype="float32",
-                  shape=(1,), flags=0, slot=g_world, site=site["validate_all_reduce"], step=step, status=STATUS_IN_FLIGHT)
+            _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="all_reduce", dtype="float32",
+                    shape=(1,), slot=g_world, site=site["validate_all_reduce"], step=step)
             w.set_main_site(site["conditional_call"], site["validate_all_reduce"], t_hang)
             w.set_main_stack([site["validate_all_reduce"], site["conditional_call"]])
         else:
-            _pack(w, stamp, capacity, seq=seq_world, t_enter=t_hang, t_exit=0.0, op="barrier", dtype="unknown",
-                  shape=(), flags=0, slot=g_world, site=site["barrier"], step=step, status=STATUS_IN_FLIGHT)
+            _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="barrier", numel=0,
+                    slot=g_world, site=site["barrier"], step=step)
             w.set_main_site(site["barrier"], site["barrier"], t_hang)
             w.set_main_stack([site["barrier"]])
         w.set_group_cpp_seq(g_world, seq_world, t_hang)
@@ -262,12 +272,14 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=200, help="records written per rank (default 200)")
     ap.add_argument("--capacity", type=int, default=ringfmt.DEFAULT_CAPACITY,
                     help=f"ring capacity in records (default {ringfmt.DEFAULT_CAPACITY}, the product default)")
-    ap.add_argument("--culprit", type=int, default=17)
+    ap.add_argument("--culprit", type=int, default=None, help="the desynchronised rank (default 17, or the last rank if fewer)")
     ap.add_argument("--keep", metavar="DIR", help="write the rings here and keep them (default: a temp dir, removed)")
     ap.add_argument("--no-cli", action="store_true", help="skip the `dtwatch analyze --json` subprocess")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile analyze() and print the top N functions")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE ('-' = stdout)")
     args = ap.parse_args()
+    if args.culprit is None:
+        args.culprit = min(17, args.ranks - 1)
     if not 0 <= args.culprit < args.ranks or args.ranks < 2:
         ap.error("need --ranks >= 2 and 0 <= --culprit < --ranks")
 

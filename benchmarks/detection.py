@@ -41,6 +41,7 @@ import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -239,17 +240,26 @@ def _total_ticks(pids: list[int]) -> int:
     return total
 
 
-def _records_written(run_dir: Path) -> int:
+def _ring_stats(run_dir: Path) -> tuple[int, float]:
+    """(records written by all ranks so far, mean fraction of the rings' capacity holding records)."""
     from dtwatch.ring import find_rings, read_ring
 
-    total = 0
+    total, fill = 0, []
     for p in find_rings(run_dir):
         try:
-            recs = read_ring(p).records
+            snap = read_ring(p)
         except Exception:  # noqa: BLE001
             continue
+        recs = snap.records
         total += int(recs["stamp"].max()) if len(recs) else 0
-    return total
+        with open(p, "rb") as f:
+            capacity = struct.unpack_from("<I", f.read(24), 20)[0]  # header: magic, version, sizes, capacity
+        fill.append(len(recs) / capacity if capacity else 0.0)
+    return total, (sum(fill) / len(fill) if fill else 0.0)
+
+
+def _records_written(run_dir: Path) -> int:
+    return _ring_stats(run_dir)[0]
 
 
 def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
@@ -273,14 +283,15 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
         time.sleep(0.1)
     info = json.loads(ready.read_text())
     url = info.get("url")
-    seconds = args.warmup + args.cpu_window + 10
+    fill_wait = 90.0 if args.fill_rings else 0.0  # at ~85 records/s per rank a 4096-record ring fills in ~50 s
+    seconds = args.warmup + fill_wait + args.cpu_window + 10
     jenv = dict(env, BUSY_SECONDS=str(seconds))
     tlog = root / "busy.out"
     trun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), str(BUSY_WORKER)],
         env=jenv, stdout=tlog.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    result: dict = {"ranks": nproc, "cores": os.cpu_count(), "metrics_url": url, "exporter": bool(url),
+    result: dict = {"ranks": nproc, "cores": os.cpu_count(), "metrics_url": url, "exporter": bool(url), "fill_rings": args.fill_rings,
                     "poll_interval_s": 0.5, "cpu_window_s": args.cpu_window, "warmup_s": args.warmup}
     try:
         # Steady traffic: every ring exists and records are being written.
@@ -293,9 +304,13 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
                 raise RuntimeError(f"the {nproc}-rank job did not start: {tlog.read_text()[-3000:]}")
             time.sleep(0.5)
         time.sleep(args.warmup)
+        deadline = time.time() + fill_wait
+        while args.fill_rings and _ring_stats(run_dir)[1] < 0.98 and time.time() < deadline:
+            time.sleep(2.0)
         scraped = 0
         workers = _descendants(trun.pid)
-        w0, t0, r0, j0 = _cpu_ticks(watchdog.pid), time.monotonic(), _records_written(run_dir), _total_ticks(workers)
+        (r0, fill0), j0 = _ring_stats(run_dir), _total_ticks(workers)
+        w0, t0 = _cpu_ticks(watchdog.pid), time.monotonic()
         rss_samples = []
         next_scrape = time.monotonic()
         while time.monotonic() - t0 < args.cpu_window:
@@ -309,7 +324,8 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
                 next_scrape += args.scrape_interval
             rss_samples.append(_rss_kib(watchdog.pid)[0])
             time.sleep(1.0)
-        w1, t1, r1, j1 = _cpu_ticks(watchdog.pid), time.monotonic(), _records_written(run_dir), _total_ticks(workers)
+        w1, t1 = _cpu_ticks(watchdog.pid), time.monotonic()
+        (r1, fill1), j1 = _ring_stats(run_dir), _total_ticks(workers)
         if trun.poll() is not None:
             result["warning"] = "the job ended inside the measurement window; the figure covers an idle tail"
         wall = t1 - t0
@@ -323,6 +339,7 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
             "watchdog_peak_rss_mib": round(hwm / 1024, 1),
             "training_cpu_pct_of_core": round(100.0 * (j1 - j0) / CLK_TCK / wall, 1),
             "records_per_s_all_ranks": round((r1 - r0) / wall, 1),
+            "ring_fill_start": round(fill0, 3), "ring_fill_end": round(fill1, 3),
             "scrapes": scraped,
         })
         result["within_target"] = result["watchdog_cpu_pct_of_core"] <= result["target_pct"]
@@ -357,6 +374,8 @@ def print_cpu(r: dict) -> None:
     print(f"  watchdog RSS       {r['watchdog_rss_mib']:.1f} MiB at the end (max sampled {r['watchdog_rss_max_mib']:.1f}, "
           f"peak VmHWM {r['watchdog_peak_rss_mib']:.1f})")
     print(f"  traffic            {r['records_per_s_all_ranks']:.0f} ring records/s over all ranks; {r['worker_summary']}")
+    print(f"  rings              {100 * r['ring_fill_start']:.0f} % -> {100 * r['ring_fill_end']:.0f} % full during the window "
+          "(a poll reads whole rings; parsing cost grows with the records held)")
     print(f"  contention         {r['ranks']} training processes used {r['training_cpu_pct_of_core']:.0f} % of one core "
           f"on a {r['cores']}-core machine: they compete with the watchdog for the cores (its CPU time is counted, "
           "not its wall time, so the figure stands; its polls may run late)")
@@ -376,6 +395,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the job in (b) (default 8)")
     ap.add_argument("--cpu-window", type=float, default=30.0, help="seconds of CPU measurement in (b) (default 30)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of steady traffic before measuring (default 5)")
+    ap.add_argument("--fill-rings", action="store_true",
+                    help="(b): keep warming up until the rings are full (steady state of a long job; the job runs ~90 s longer)")
     ap.add_argument("--scrape-interval", type=float, default=15.0,
                     help="scrape /metrics every N s during (b), as Prometheus would (0 = never; default 15)")
     ap.add_argument("--profile-watchdog", metavar="FILE",
