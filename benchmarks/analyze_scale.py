@@ -31,7 +31,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import shutil
 import subprocess
@@ -39,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -138,65 +138,87 @@ def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culpri
     n_steps = max(1, int(records / 3.2))
     t_start = now - 5.0 - n_steps * step_period
     world = list(range(ranks))
-    for rank in range(ranks):
-        w = RingWriter(run_dir / ring_filename(rank), rank=rank, local_rank=rank % TP, world_size=ranks,
-                       job_id=run_dir.name, host=f"node-{rank // TP:04d}", backend="nccl", torch_version="2.13.0",
-                       capacity=capacity)
-        site = {m: w.add_site(str(train), lines[m], funcs[m]) for m in lines}
-        g_world = w.add_group("0", "default_pg", world, rank)
-        tp_members = list(range(rank // TP * TP, min(rank // TP * TP + TP, ranks)))
-        g_tp = w.add_group(str(1 + rank // TP), "tp", tp_members, rank % TP)
-        loader = w.add_loader(site["loader_loop"])
-        stamp = 0
-        seq_world = seq_tp = 0
-        step = 0
-        t = t_start + (rank % 97) * 1e-4  # ranks do not enter in lockstep
-        written = 0
-        while written < records - 2:
-            seq_tp += 1
-            stamp += 1
-            _record(w, stamp, capacity, seq=seq_tp, t_enter=t, t_exit=t + 0.01, op="all_reduce", dtype="bfloat16",
-                    shape=(4, 2048, 1024), slot=g_tp, site=site["tp_all_reduce"], step=step)
-            seq_world += 1
-            stamp += 1
-            _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.2, t_exit=t + 0.35, op="all_reduce", dtype="float32",
-                    shape=(1048576,), slot=g_world, site=site["grad_all_reduce"], step=step)
-            written += 2
-            if step % 5 == 0:
-                seq_world += 1
-                stamp += 1
-                _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.36, t_exit=t + 0.37, op="all_reduce",
-                        dtype="float32", shape=(), slot=g_world, site=site["loss_all_reduce"], step=step)
-                written += 1
-            step += 1
-            stamp += 1
-            # A step marker, as the recorder writes it (seq = step, t_exit = t_enter, no group).
-            _record(w, stamp, capacity, op="step", seq=step, t_enter=t + 0.4, t_exit=t + 0.4, seq_span=0,
-                    flags=FLAG_MARKER, ntensors=0, numel=0, slot=NO_GROUP, step=step)
-            written += 1
-            t += step_period
-        w.set_step(step, t - step_period + 0.4)
-        w.set_loader(loader, site["loader_loop"], n_steps, 1, t_start, 0)
-        # The hang: the same world seq N, two different lines.
+    # The writer stamps the process start (and group creation) with its clock: make it the job's start,
+    # not the moment the benchmark writes the file.
+    with mock.patch.object(ringfmt, "time", _Clock(t_start - 30.0)):
+        for rank in range(ranks):
+            _write_rank(run_dir, rank, ranks, world, records, capacity, culprit, site_lines=lines, funcs=funcs,
+                        train=train, t_start=t_start, step_period=step_period, n_steps=n_steps, now=now)
+    return {"seq": _write_rank.last["seq"], "culprit_line": lines["validate_all_reduce"],
+            "waiting_line": lines["barrier"], "file": str(train), "records_per_rank": _write_rank.last["stamp"],
+            "steps": _write_rank.last["step"]}
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+
+def _write_rank(run_dir: Path, rank: int, ranks: int, world: list[int], records: int, capacity: int, culprit: int, *,
+                site_lines: dict, funcs: dict, train: Path, t_start: float, step_period: float, n_steps: int,
+                now: float) -> None:
+    """One rank's ring; what the analyzer should find is left in ``_write_rank.last``."""
+    lines = site_lines
+    w = RingWriter(run_dir / ring_filename(rank), rank=rank, local_rank=rank % TP, world_size=ranks,
+                   job_id=run_dir.name, host=f"node-{rank // TP:04d}", backend="nccl", torch_version="2.13.0",
+                   capacity=capacity)
+    site = {m: w.add_site(str(train), lines[m], funcs[m]) for m in lines}
+    g_world = w.add_group("0", "default_pg", world, rank)
+    tp_members = list(range(rank // TP * TP, min(rank // TP * TP + TP, ranks)))
+    g_tp = w.add_group(str(1 + rank // TP), "tp", tp_members, rank % TP)
+    loader = w.add_loader(site["loader_loop"])
+    stamp = 0
+    seq_world = seq_tp = 0
+    step = 0
+    t = t_start + (rank % 97) * 1e-4  # ranks do not enter in lockstep
+    written = 0
+    while written < records - 2:
+        seq_tp += 1
+        stamp += 1
+        _record(w, stamp, capacity, seq=seq_tp, t_enter=t, t_exit=t + 0.01, op="all_reduce", dtype="bfloat16",
+                shape=(4, 2048, 1024), slot=g_tp, site=site["tp_all_reduce"], step=step)
         seq_world += 1
         stamp += 1
-        t_hang = t + 0.05
-        if rank == culprit:
-            _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="all_reduce", dtype="float32",
-                    shape=(1,), slot=g_world, site=site["validate_all_reduce"], step=step)
-            w.set_main_site(site["conditional_call"], site["validate_all_reduce"], t_hang)
-            w.set_main_stack([site["validate_all_reduce"], site["conditional_call"]])
-        else:
-            _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="barrier", numel=0,
-                    slot=g_world, site=site["barrier"], step=step)
-            w.set_main_site(site["barrier"], site["barrier"], t_hang)
-            w.set_main_stack([site["barrier"]])
-        w.set_group_cpp_seq(g_world, seq_world, t_hang)
-        w.set_group_cpp_seq(g_tp, seq_tp, t - step_period + 0.01)
-        w.heartbeat(now, int((now - t_start) * 10))  # still alive: the sampler thread keeps beating
-        w.close()
-    return {"seq": seq_world, "culprit_line": lines["validate_all_reduce"], "waiting_line": lines["barrier"],
-            "file": str(train), "records_per_rank": stamp, "steps": step}
+        _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.2, t_exit=t + 0.35, op="all_reduce", dtype="float32",
+                shape=(1048576,), slot=g_world, site=site["grad_all_reduce"], step=step)
+        written += 2
+        if step % 5 == 0:
+            seq_world += 1
+            stamp += 1
+            _record(w, stamp, capacity, seq=seq_world, t_enter=t + 0.36, t_exit=t + 0.37, op="all_reduce",
+                    dtype="float32", shape=(), slot=g_world, site=site["loss_all_reduce"], step=step)
+            written += 1
+        step += 1
+        stamp += 1
+        # A step marker, as the recorder writes it (seq = step, t_exit = t_enter, no group).
+        _record(w, stamp, capacity, op="step", seq=step, t_enter=t + 0.4, t_exit=t + 0.4, seq_span=0,
+                flags=FLAG_MARKER, ntensors=0, numel=0, slot=NO_GROUP, step=step)
+        written += 1
+        t += step_period
+    w.set_step(step, t - step_period + 0.4)
+    w.set_loader(loader, site["loader_loop"], n_steps, 1, t_start, 0)
+    # The hang: the same world seq N, two different lines.
+    seq_world += 1
+    stamp += 1
+    t_hang = t + 0.05
+    if rank == culprit:
+        _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="all_reduce", dtype="float32",
+                shape=(1,), slot=g_world, site=site["validate_all_reduce"], step=step)
+        w.set_main_site(site["conditional_call"], site["validate_all_reduce"], t_hang)
+        w.set_main_stack([site["validate_all_reduce"], site["conditional_call"]])
+    else:
+        _record(w, stamp, capacity, seq=seq_world, t_enter=t_hang, op="barrier", numel=0,
+                slot=g_world, site=site["barrier"], step=step)
+        w.set_main_site(site["barrier"], site["barrier"], t_hang)
+        w.set_main_stack([site["barrier"]])
+    w.set_group_cpp_seq(g_world, seq_world, t_hang)
+    w.set_group_cpp_seq(g_tp, seq_tp, t - step_period + 0.01)
+    w.heartbeat(now, int((now - t_start) * 10))  # still alive: the sampler thread keeps beating
+    w.close()
+    _write_rank.last = {"seq": seq_world, "stamp": stamp, "step": step}
 
 
 def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:

@@ -3,9 +3,7 @@ a real watchdog), and rings written offline by the real writer with no watchdog 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
