@@ -24,7 +24,7 @@
     so its target is 2 s.
 
 (b) Watchdog CPU at 8 ranks. A healthy 8-rank gloo job (``benchmarks/workers/busy_worker.py``: steady
-    all_reduces and optimizer steps) under ``dtwatch watch`` with the product defaults (poll every 0.5 s,
+    all_reduces and optimizer steps) under ``dtwatch watch`` with the product defaults (poll every 1 s,
     adaptive window) and ``--metrics-port 0`` (the Prometheus exporter on, scraped every
     ``--scrape-interval`` s). After ``--warmup`` s of steady traffic, the watchdog's utime+stime from
     ``/proc/<pid>/stat`` over ``--cpu-window`` s (default 30) gives its CPU as % of one core (target
@@ -270,7 +270,7 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
     node = socket.gethostname()
     root.mkdir(parents=True, exist_ok=True)
     wlog = root / "watchdog-cpu.log"
-    # Product defaults (poll 0.5 s, adaptive window) with the Prometheus exporter on a free port.
+    # Product defaults (poll 1 s, adaptive window) with the Prometheus exporter on a free port.
     prof = ["-m", "cProfile", "-o", str(Path(args.profile_watchdog).resolve())] if args.profile_watchdog else []
     wcmd = [sys.executable, *prof, "-m", "dtwatch", "watch", "--dir", str(root), "--job-id", job_id,
             "--metrics-port", "0", "--metrics-addr", "127.0.0.1", "--store", "none", "--idle-exit", "5"]
@@ -367,7 +367,7 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
 
 def print_cpu(r: dict) -> None:
     print(f"\n(b) Watchdog cost at {r['ranks']} ranks: healthy gloo job (benchmarks/workers/busy_worker.py) under "
-          f"`dtwatch watch` (poll 0.5 s, adaptive window, Prometheus exporter {'on, scraped ' + str(r['scrapes']) + 'x' if r['exporter'] else 'off'})")
+          f"`dtwatch watch` (poll 1 s, adaptive window, Prometheus exporter {'on, scraped ' + str(r['scrapes']) + 'x' if r['exporter'] else 'off'})")
     print(f"  watchdog CPU       {r['watchdog_cpu_pct_of_core']:.2f} % of one core  ({r['watchdog_cpu_s']:.2f} s CPU "
           f"over {r['wall_s']:.0f} s, after {r['warmup_s']:g} s warm-up)  target <= {r['target_pct']:g} %: "
           f"{'yes' if r['within_target'] else 'NO'}")

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .diagnose import Finding, StallCheck, check_stall, classify, straggler_warning, uneven_loader_warnings
+from .diagnose import Finding, StallCheck, check_stall, classify, entry_lags, straggler_warning, uneven_loader_warnings
 from .ring import RingFormatError, read_ring
 from .state import RankState, from_snapshot
 
@@ -111,7 +111,7 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
             check = StallCheck(True, check.last_progress, check.blocked, check.positions)
             result_findings = classify(ordered, check, now)
     warnings = uneven_loader_warnings(ordered, now)
-    strag = straggler_warning(ordered, now)
+    strag = straggler_warning(entry_lags(ordered), now)
     if strag is not None:
         warnings.append(strag)
     return Analysis(result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs])

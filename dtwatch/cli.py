@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(env DTWATCH_STORE; default: MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--idle-exit", type=_seconds(0, 86400 * 365), default=None,
                    help="exit when all ranks are gone and nothing new appeared for this many seconds; 0 = never (env DTWATCH_IDLE_EXIT; default 30)")
-    p.add_argument("--poll-interval", type=_seconds(0.05, 60), default=0.5, help="seconds between looks at the rings (default 0.5)")
+    p.add_argument("--poll-interval", type=_seconds(0.05, 60), default=1.0, help="seconds between looks at the rings (default 1)")
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("analyze", help="merge run directories / incident bundles into one report",

@@ -552,8 +552,16 @@ def uneven_loader_warnings(states: list[RankState], now: float) -> list[Finding]
     return out
 
 
-def _entry_lags(states: list[RankState]) -> tuple[dict[int, list[float]], dict[int, int], int]:
-    """Per rank: delays entering recent world-group collectives behind the first rank; times last; count."""
+@dataclass
+class EntryLags:
+    """How late each rank enters recent world-group collectives, relative to the first rank."""
+
+    medians: dict[int, float]  # rank -> median seconds behind the first rank
+    last_counts: dict[int, int]  # rank -> how many of the compared collectives it entered last
+    compared: int  # collectives every live rank has in its recent history
+
+
+def entry_lags(states: list[RankState]) -> EntryLags:
     entries: dict[int, dict[int, float]] = defaultdict(dict)  # seq -> rank -> t_enter
     live = [s for s in states if not s.gone]
     for s in live:
@@ -568,23 +576,16 @@ def _entry_lags(states: list[RankState]) -> tuple[dict[int, list[float]], dict[i
         for r, t in v.items():
             lags[r].append(t - first)
         last_counts[max(v, key=v.get)] += 1
-    return lags, last_counts, len(full)
+    return EntryLags({r: statistics.median(x) for r, x in lags.items()}, dict(last_counts), len(full))
 
 
-def straggler_lags(states: list[RankState]) -> dict[int, float]:
-    """Median delay per rank entering world-group collectives behind the first rank (seconds)."""
-    lags, _, _ = _entry_lags(states)
-    return {r: statistics.median(x) for r, x in lags.items()}
-
-
-def straggler_warning(states: list[RankState], now: float, min_lag: float = 0.05, min_share: float = 0.6) -> Finding | None:
+def straggler_warning(lags: EntryLags, now: float, min_lag: float = 0.05, min_share: float = 0.6) -> Finding | None:
     """One rank consistently last to enter the world group's collectives, while the job progresses."""
-    lags, last_counts, n = _entry_lags(states)
-    if n < 8:
+    if lags.compared < 8:
         return None
-    medians = {r: statistics.median(x) for r, x in lags.items()}
+    medians = lags.medians
     slow = max(medians, key=medians.get)
-    share = last_counts[slow] / n
+    share = lags.last_counts.get(slow, 0) / lags.compared
     if medians[slow] < min_lag or share < min_share:
         return None
     others = sorted(v for r, v in medians.items() if r != slow)

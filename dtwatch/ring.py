@@ -680,12 +680,15 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
 
 def _normalize(recs: np.ndarray) -> None:
     """Fill in what the hot path leaves out: numel of <= 4-D tensors, the span of in-flight calls."""
-    derive = recs["numel"] == NUMEL_FROM_SHAPE
-    if derive.any():
-        ndim, dims = recs["ndim"][derive].astype(np.int64), recs["dims"][derive]
+    numel = recs["numel"]
+    derive = np.flatnonzero(numel == NUMEL_FROM_SHAPE)
+    if len(derive):
+        ndim = recs["ndim"][derive].astype(np.int64)
+        dims = recs["dims"][derive]
         used = np.arange(4)[None, :] < ndim[:, None]
-        recs["numel"][derive] = np.where(used, dims, 1).prod(axis=1)
-    recs["seq_span"][(recs["t_exit"] == 0.0) & (recs["seq_span"] == 0)] = 1
+        numel[derive] = np.where(used, dims, 1).prod(axis=1)
+    span = recs["seq_span"]
+    span[np.flatnonzero((span == 0) & (recs["t_exit"] == 0.0))] = 1
 
 
 def find_rings(directory: str | os.PathLike) -> list[Path]:

@@ -24,7 +24,7 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    Finding, check_stall, classify, exit_findings, settle_completed, straggler_lags, straggler_warning, uneven_loader_warnings,
+    EntryLags, Finding, check_stall, classify, exit_findings, settle_completed, entry_lags, straggler_warning, uneven_loader_warnings,
 )
 from .launcher import lock_path
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
@@ -50,7 +50,8 @@ class WatchOptions:
     window_multiplier: float = 10.0
     startup_window: float = 120.0
     """Window before every rank finished a first step (loading, compiling, first rendezvous)."""
-    poll_interval: float = 0.5
+    poll_interval: float = 1.0
+    """Seconds between looks at the rings (detection takes up to the window plus one poll)."""
     metrics_addr: str = "0.0.0.0"
     metrics_port: int | None = 9464
     """None: no Prometheus endpoint; 0: any free port."""
@@ -296,10 +297,11 @@ class Watchdog:
         elif self.incident is not None and self.incident["evidence_done"] and not exits and check is not None \
                 and not check.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
             self.close_incident(now)  # progress after the diagnosis (e.g. the ranks were restarted)
+        lags = entry_lags(states)
         if states and self.incident is None:
-            self.check_warnings(states, now)
+            self.check_warnings(states, now, lags)
 
-        self.export(snaps, local, states, new_records, now, window)
+        self.export(snaps, local, states, new_records, now, window, lags)
         if any(not s.gone for s in local) or any(s.last_activity > self.last_seen_activity for s in local):
             self.last_seen_activity = max([now] + [s.last_activity for s in local])
         if self.opts.idle_exit and self.ever_saw_ranks and all(s.gone for s in local) and \
@@ -352,9 +354,9 @@ class Watchdog:
         return sorted(local + [s for s in self.remote if s.rank not in mine], key=lambda s: s.rank)
 
     # -- warnings -------------------------------------------------------------------------------------
-    def check_warnings(self, states: list[RankState], now: float) -> None:
+    def check_warnings(self, states: list[RankState], now: float, lags: EntryLags) -> None:
         found = uneven_loader_warnings(states, now)
-        strag = straggler_warning(states, now)
+        strag = straggler_warning(lags, now)
         if strag is not None:
             found.append(strag)
         for f in found:
@@ -522,7 +524,7 @@ class Watchdog:
         self.incident = None
 
     # -- exporters ------------------------------------------------------------------------------------
-    def export(self, snaps, local, states, new_records, now, window) -> None:
+    def export(self, snaps, local, states, new_records, now, window, lags) -> None:
         if not self.exporters:
             return
         lag: dict[tuple[int, str], int] = {}
@@ -540,7 +542,7 @@ class Watchdog:
         view = NodeView(
             job_id=self.opts.job_id, node=self.opts.node, now=now, window=window, local=local,
             all_states=states, snapshots=snaps, new_records=new_records, seq_lag=lag,
-            straggler_lag=straggler_lags(states), stalled_ranks=stalled, culprit_ranks=culprits,
+            straggler_lag=lags.medians, stalled_ranks=stalled, culprit_ranks=culprits,
             incident_open=self.incident is not None, incidents_total=self.incidents_total,
             findings_total=dict(self.findings_total), restarts=dict(self.restarts),
             findings=findings + self.warnings[-20:], health=health,

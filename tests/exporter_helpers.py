@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import dtwatch
+from dtwatch.diagnose import entry_lags
 from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 from dtwatch.state import RankState, from_snapshot
 from dtwatch.view import NodeView, WatchdogHealth
@@ -88,22 +88,6 @@ def seq_lags(states: list[RankState]) -> dict[tuple[int, str], int]:
     return {(s.rank, name): best[name] - g.seq for s in states for name, g in s.groups.items()}
 
 
-def straggler_lags(snaps: dict[int, RankSnapshot]) -> dict[int, float]:
-    """rank -> median seconds behind the first rank entering the same (group, seq)."""
-    enters: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
-    for rank, snap in snaps.items():
-        calls = snap.collectives()
-        for row in calls:
-            enters[(snap.groups[int(row["group"])].name, int(row["seq"]))][rank] = float(row["t_enter"])
-    delays: dict[int, list[float]] = defaultdict(list)
-    for by_rank in enters.values():
-        if len(by_rank) == len(snaps):
-            first = min(by_rank.values())
-            for rank, t in by_rank.items():
-                delays[rank].append(t - first)
-    return {rank: statistics.median(d) for rank, d in delays.items()}
-
-
 def node_view(run_dir: Path, **overrides: Any) -> NodeView:
     """The NodeView of a watchdog's first poll of ``run_dir``; ``overrides`` replace fields."""
     snaps, states = read_states(run_dir)
@@ -114,7 +98,7 @@ def node_view(run_dir: Path, **overrides: Any) -> NodeView:
         job_id=first.job_id, node=first.host, now=time.time(), window=30.0, local=states,
         all_states=list(states), snapshots=snaps,
         new_records={r: s.records[s.records["t_exit"] != 0.0] for r, s in snaps.items()},
-        seq_lag=seq_lags(states), straggler_lag=straggler_lags(snaps), stalled_ranks=set(),
+        seq_lag=seq_lags(states), straggler_lag=entry_lags(states).medians, stalled_ranks=set(),
         culprit_ranks=set(), incident_open=False, incidents_total=0, findings_total={},
         restarts={s.rank: s.restart_count for s in states}, findings=[],
         health=WatchdogHealth(poll_seconds=[0.002, 0.004], errors={}, started=time.time() - 5, version=dtwatch.__version__),
