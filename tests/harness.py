@@ -189,3 +189,20 @@ def launch(root: Path, scenario: str, nproc: int, *, torchrun: bool = True, wind
                                               stdout=(root / f"{job_id}.rank{rank}.out").open("wb"),
                                               stderr=subprocess.STDOUT, start_new_session=True))
     return job
+
+
+def assert_rank_conditional_finding(f: dict) -> None:
+    """The finding for hang_worker's ``rank_conditional`` scenario: rank 0 validates (all_reduce) inside
+    ``if rank == 0`` while rank 1 waits in the barrier after it."""
+    assert f["kind"] == "rank_conditional"
+    assert f["severity"] == "stall"
+    assert f["ranks"] == [0]
+    assert f["op"] == "all_reduce"
+    assert f["group"] == "0"
+    assert f["site"]["file"] == str(WORKER)
+    assert f["site"]["line"] == site_line("validate_all_reduce")
+    assert f["site"]["function"] == "validate"
+    assert "dist.all_reduce(loss)" in f["site"]["source"]
+    assert f["waiting_ranks"] == [1]
+    assert f["waiting_op"] == "barrier"
+    assert f["waiting_site"]["line"] == site_line("barrier_after")

@@ -15,7 +15,7 @@ import pytest
 
 from dtwatch.analyze import analyze
 from dtwatch.ring import FLAG_MARKER, RingWriter, ring_filename
-from tests.harness import WORKER, launch, site_line
+from tests.harness import assert_rank_conditional_finding, WORKER, launch, site_line
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -55,18 +55,7 @@ def test_json_report_matches_the_bundle(hung_job):
     assert doc["stalled"] is True
     assert len(doc["findings"]) == 1
     f = doc["findings"][0]
-    assert f["kind"] == "rank_conditional"
-    assert f["severity"] == "stall"
-    assert f["ranks"] == [0]
-    assert f["op"] == "all_reduce"
-    assert f["group"] == "0"
-    assert f["site"]["file"] == str(WORKER)
-    assert f["site"]["line"] == site_line("validate_all_reduce")
-    assert f["site"]["function"] == "validate"
-    assert "dist.all_reduce(loss)" in f["site"]["source"]
-    assert f["waiting_ranks"] == [1]
-    assert f["waiting_op"] == "barrier"
-    assert f["waiting_site"]["line"] == site_line("barrier_after")
+    assert_rank_conditional_finding(f)
     # ... and it is the bundle's diagnosis, field for field.
     for key in ("kind", "severity", "ranks", "op", "group", "seq", "waiting_ranks", "waiting_op", "waiting_seq"):
         assert f[key] == expected[key], key

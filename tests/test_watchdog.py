@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.harness import WORKER, launch, site_line
+from tests.harness import assert_rank_conditional_finding, launch, site_line
 
 WINDOW = 4.0
 # Diagnosis must be written within the window + 2 s of the hang; CI machines are slow and loaded, so the
@@ -35,17 +35,7 @@ def incident(tmp_path, scenario, nproc, **kw):
 def test_rank_conditional_collective_in_ddp_job(tmp_path):
     with incident(tmp_path, "rank_conditional", 2) as (job, index):
         f = stall(index)
-        assert f["kind"] == "rank_conditional"
-        assert f["ranks"] == [0]
-        assert f["op"] == "all_reduce"
-        assert f["group"] == "0"
-        assert f["site"]["file"] == str(WORKER)
-        assert f["site"]["line"] == site_line("validate_all_reduce")
-        assert f["site"]["function"] == "validate"
-        assert "dist.all_reduce(loss)" in f["site"]["source"]
-        assert f["waiting_ranks"] == [1]
-        assert f["waiting_op"] == "barrier"
-        assert f["waiting_site"]["line"] == site_line("barrier_after")
+        assert_rank_conditional_finding(f)
         assert f["details"]["conditional_line"]["line"] == site_line("conditional_call")
         assert f["seq"] == f["waiting_seq"]
         # The detection deadline: from the hang's onset to the findings on disk.

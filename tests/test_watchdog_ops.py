@@ -6,47 +6,13 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.prom_servers import WebhookReceiver, until
 from tests.harness import SCRIPTS, WORKER, base_env, free_port, launch, site_line, start_watchdog, stop_processes
-
-
-class WebhookReceiver:
-    """A real HTTP server that records the JSON bodies POSTed to it."""
-
-    def __init__(self) -> None:
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, status: str, timeout: float) -> dict:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for event in self.received:
-                if event["status"] == status:
-                    return event
-            time.sleep(0.1)
-        raise TimeoutError(f"no {status} webhook within {timeout}s; got {self.received}")
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.mark.timeout(180)
@@ -54,7 +20,7 @@ def test_fail_fast_ends_the_job_and_webhook_names_the_rank(tmp_path):
     hook = WebhookReceiver()
     job = launch(tmp_path, "rank_conditional", 2, window=4.0, watch_args=["--fail-fast", "--webhook", hook.url])
     try:
-        event = hook.wait_for("stall", timeout=90)
+        event = until("a stall webhook", lambda: next((p for p in hook.payloads if p.get("status") == "stall"), None), 90)
         assert event["findings"][0]["kind"] == "rank_conditional"
         assert event["findings"][0]["ranks"] == [0]
         assert event["job_id"] == job.job_id and event["bundle"]
@@ -65,7 +31,7 @@ def test_fail_fast_ends_the_job_and_webhook_names_the_rank(tmp_path):
         index = job.wait_incident(timeout=5)
         assert index["evidence_complete"]
     finally:
-        hook.close()
+        hook.stop()
         job.stop()
 
 
