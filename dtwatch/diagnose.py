@@ -568,7 +568,7 @@ def entry_lags(states: list[RankState]) -> EntryLags:
         g = s.groups.get("0")
         for c in (g.recent if g else []):
             entries[c.seq][s.rank] = c.t_enter
-    full = [v for v in entries.values() if len(v) == len(live) > 1]
+    full = [v for v in entries.values() if len(v) == len(live) > 0]
     lags: dict[int, list[float]] = defaultdict(list)
     last_counts: dict[int, int] = defaultdict(int)
     for v in full:
@@ -581,7 +581,7 @@ def entry_lags(states: list[RankState]) -> EntryLags:
 
 def straggler_warning(lags: EntryLags, now: float, min_lag: float = 0.05, min_share: float = 0.6) -> Finding | None:
     """One rank consistently last to enter the world group's collectives, while the job progresses."""
-    if lags.compared < 8:
+    if lags.compared < 8 or len(lags.medians) < 2:
         return None
     medians = lags.medians
     slow = max(medians, key=medians.get)

@@ -98,7 +98,8 @@ def node_view(run_dir: Path, **overrides: Any) -> NodeView:
         job_id=first.job_id, node=first.host, now=time.time(), window=30.0, local=states,
         all_states=list(states), snapshots=snaps,
         new_records={r: s.records[s.records["t_exit"] != 0.0] for r, s in snaps.items()},
-        seq_lag=seq_lags(states), straggler_lag=entry_lags(states).medians, stalled_ranks=set(),
+        # The job has ended by now: straggler lags as they were while it ran.
+        seq_lag=seq_lags(states), straggler_lag=entry_lags([replace(st, alive=True, exit_state="running") for st in states]).medians, stalled_ranks=set(),
         culprit_ranks=set(), incident_open=False, incidents_total=0, findings_total={},
         restarts={s.rank: s.restart_count for s in states}, findings=[],
         health=WatchdogHealth(poll_seconds=[0.002, 0.004], errors={}, started=time.time() - 5, version=dtwatch.__version__),

@@ -88,7 +88,7 @@ def test_watchdog_survives_torchrun_restart_and_closes_the_incident(tmp_path):
     port = free_port()
     env = base_env(root, job_id)
     torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "3",
          "--master-addr", "127.0.0.1", "--master-port", str(port), str(WORKER), "crash_once"],
         env=env, stdout=(root / "restarts.out").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
