@@ -273,6 +273,34 @@ def is_rank_conditional_line(path: str | os.PathLike[str], line: int) -> bool:
     return line in _conditional_lines(os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
 
 
+def rank_branches(source: str, filename: str = "<string>") -> dict[int, tuple[int, str]]:
+    """For each line of ``source`` that runs only on some ranks: (line of the innermost rank test,
+    its text, e.g. ``if self.gpu_id == 0``). Unparsable source gives an empty map."""
+    try:
+        checker = _Checker(source, filename, ast.parse(source, filename=filename)).run()
+    except (SyntaxError, ValueError, RecursionError):
+        return {}
+    return {line: (getattr(c.node, "lineno", line), c.label) for line, c in checker.branches.items()}
+
+
+def rank_branch(path: str | os.PathLike[str], line: int) -> tuple[int, str] | None:
+    """The rank test that ``line`` of ``path`` runs under (innermost), or None: see rank_branches."""
+    try:
+        stat = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return _branches(os.path.realpath(path), stat.st_mtime_ns, stat.st_size).get(line)
+
+
+@functools.lru_cache(maxsize=256)
+def _branches(path: str, mtime_ns: int, size: int) -> dict[int, tuple[int, str]]:
+    try:
+        with tokenize.open(path) as handle:
+            return rank_branches(handle.read(), path)
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return {}
+
+
 @functools.lru_cache(maxsize=256)
 def _conditional_lines(path: str, mtime_ns: int, size: int) -> frozenset[int]:
     try:
@@ -322,14 +350,17 @@ class _Checker:
         self.imported: dict[str, str] = {}  # local name -> collective, from "from torch.distributed import"
         self.findings: list[LintFinding] = []
         self.conditional_lines: set[int] = set()
+        self.branches: dict[int, _Condition] = {}  # line -> the innermost rank condition it runs under
         self.frames: list[_Frame] = []
         self.names: Mapping[str, bool] = {}  # this scope's exceptions to _is_rank_name
+        self.rank_attrs: frozenset[str] = frozenset()  # attributes assigned a rank (self.gpu_id)
         self.arms: list[_Arm] = []  # both sides of every rank-conditional if in this scope
         self._sides: dict[ast.If, tuple[Counter[str], Counter[str]]] = {}  # cache for sides()
 
     def run(self) -> _Checker:
         if _RANK_HINT.search(self.source):
             self.aliases, self.imported = _distributed_imports(self.tree)
+            self.rank_attrs = _rank_attributes(self.tree)
             self._scope(self.tree, (), {})
         return self
 
@@ -337,6 +368,8 @@ class _Checker:
         if conds and hasattr(node, "lineno"):
             last = node.lineno if hasattr(node, "body") else node.end_lineno or node.lineno
             self.conditional_lines.update(range(node.lineno, last + 1))
+            for line in range(node.lineno, last + 1):
+                self.branches[line] = conds[-1]
         getattr(self, "visit_" + type(node).__name__, self.generic_visit)(node, conds)
 
     def generic_visit(self, node: ast.AST, conds: tuple[_Condition, ...]) -> None:
@@ -351,6 +384,8 @@ class _Checker:
     def _scope(self, node: ast.AST, body_conds: tuple[_Condition, ...], inherited: Mapping[str, bool]) -> None:
         """Visit the body of a module, function or class, whose names and ifs are its own."""
         saved = self.names, self.arms
+        if isinstance(node, ast.Module):
+            inherited = {**inherited, **{"." + attr: True for attr in self.rank_attrs}}
         self.names = _scope_names(node, inherited)
         self.arms = []
         for child in _walk_scope(node.body):
@@ -617,7 +652,7 @@ def _mentions_rank(node: ast.AST, names: Mapping[str, bool], through_calls: bool
                 return True
             continue
         if isinstance(node, ast.Attribute):
-            if _is_rank_name(node.attr):
+            if _is_rank_name(node.attr) or names.get("." + node.attr):
                 return True
             stack.append(node.value)
             continue
@@ -723,6 +758,16 @@ def _scope_names(scope: ast.AST, inherited: Mapping[str, bool]) -> dict[str, boo
                 names[name] = True
                 changed = True
     return names
+
+
+def _rank_attributes(tree: ast.Module) -> frozenset[str]:
+    """Attributes assigned a rank anywhere in the module: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``
+    makes ``self.gpu_id == 0`` a rank test in every method."""
+    attrs: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _mentions_rank(node.value, {}, through_calls=False):
+            attrs.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+    return frozenset(attrs)
 
 
 def _distributed_imports(tree: ast.Module) -> tuple[frozenset[str], dict[str, str]]:
