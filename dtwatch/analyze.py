@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .diagnose import Finding, StallCheck, check_stall, classify, entry_lags, straggler_warning, uneven_loader_warnings
+from .diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
 from .ring import RingFormatError, read_ring
 from .state import RankState, from_snapshot
 
@@ -106,10 +106,8 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         now = max([s.heartbeat_time for s in ordered] + [s.last_activity for s in ordered], default=0.0)
     result_findings = list(findings.values())
     if not result_findings and ordered:
-        check = check_stall(ordered, now, window, heartbeat_stale=float("inf"))
-        if check.blocked and (window == 0.0 or check.stalled):
-            check = StallCheck(True, check.last_progress, check.blocked, check.positions)
-            result_findings = classify(ordered, check, now)
+        result_findings = diagnose(ordered, now, window, FileEvidence(), heartbeat_stale=float("inf"),
+                                   assume_stalled=window == 0.0).findings
     warnings = uneven_loader_warnings(ordered, now)
     strag = straggler_warning(entry_lags(ordered), now)
     if strag is not None:

@@ -86,6 +86,7 @@ class Recorder:
         self.loader_index: dict[int, tuple[int, int]] = {}  # site -> (loader slot, epochs)
         self.sampler: Any = None
         self.stack_file: Any = None
+        self.ending_files: list[Any] = []
         self.warned = False
         self.optimizer_hook: Any = None
         self.prev_excepthook: Any = None
@@ -302,6 +303,26 @@ class Recorder:
             self.ring.set_stack_signal(sig)
         except Exception as exc:  # noqa: BLE001
             self.fail("registering faulthandler", exc)
+        self._record_endings()
+
+    def _record_endings(self) -> None:
+        """How this process ends when it cannot say so itself: faulthandler writes the fatal signal
+        (SIGABRT from a gloo size check, SIGSEGV) and the Python stack to one file, and a SIGTERM (the
+        launcher tearing the job down) to another, from C signal handlers that run even while the main
+        thread is blocked in a collective. SIGTERM is chained to the handler that was there before."""
+        from .stacks import ending_files
+
+        if faulthandler.is_enabled():
+            return  # the user's own faulthandler already reports fatal signals; leave it alone
+        try:
+            fatal, term = ending_files(self.run_dir, dist.get_rank())
+            os.makedirs(os.path.dirname(fatal), exist_ok=True)
+            self.ending_files = [open(fatal, "w"), open(term, "w")]  # noqa: SIM115 - kept for the handlers
+            faulthandler.enable(file=self.ending_files[0], all_threads=False)
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                faulthandler.register(signal.SIGTERM, file=self.ending_files[1], all_threads=False, chain=True)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("registering faulthandler for fatal signals", exc)
 
 
 def _allow_ptrace(rec: Recorder) -> None:
@@ -520,6 +541,12 @@ def uninstall() -> bool:
         if rec.config.stack_signal and rec.stack_file is not None:
             try:
                 faulthandler.unregister(rec.config.stack_signal)
+            except Exception:
+                pass
+        if rec.ending_files:
+            try:
+                faulthandler.disable()
+                faulthandler.unregister(signal.SIGTERM)
             except Exception:
                 pass
         rec.detach()

@@ -46,7 +46,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         if call is not None:
             out.append(f"      inside {call.op} (group {call.group}, seq {call.seq}, {call.fingerprint}) "
                        f"for {now - call.t_enter:.1f}s from {fmt_site(with_source(call.site))}")
-        if s.main_site:
+        if s.main_site and not s.gone:
             out.append(f"      main thread at {fmt_site(with_source(s.main_site))}")
         for ld in s.loaders:
             if ld.get("site"):

@@ -134,3 +134,41 @@ def stop_signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return str(sig)
+
+
+# faulthandler's first line for each fatal signal it handles (CPython's faulthandler.c).
+_FATAL_TEXT = {
+    "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
+}
+
+
+def ending_files(run_dir: str, rank: int) -> tuple[str, str]:
+    """Where a rank's faulthandler writes on a fatal signal, and on SIGTERM (see the recorder)."""
+    base = os.path.join(run_dir, "stacks", f"rank-{rank:05d}")
+    return base + ".fatal.txt", base + ".term.txt"
+
+
+def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
+    """How a rank's process ended when it could not record it itself: the fatal signal faulthandler
+    reported (SIGABRT from a gloo/NCCL check, SIGSEGV...), or SIGTERM; None when nothing was written
+    since ``since`` (the process's start)."""
+    fatal, term = ending_files(run_dir, rank)
+    for path, kind in ((fatal, "fatal"), (term, "term")):
+        try:
+            if os.path.getmtime(path) < since:
+                continue
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 65536))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if not text.strip():
+            continue
+        if kind == "term":
+            return {"signal": "SIGTERM", "text": text[-4000:]}
+        for words, name in _FATAL_TEXT.items():
+            if f"Fatal Python error: {words}" in text:
+                return {"signal": name, "text": text[-4000:]}
+        return {"signal": "unknown fatal signal", "text": text[-4000:]}
+    return None

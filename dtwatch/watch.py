@@ -24,11 +24,12 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    EntryLags, Finding, check_stall, classify, exit_findings, settle_completed, entry_lags, straggler_warning, uneven_loader_warnings,
+    EntryLags, FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings,
 )
+from .diagnose.evidence import main_thread_frames
 from .launcher import lock_path
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
-from .stacks import faulthandler_dump, pyspy_dump
+from .stacks import faulthandler_dump, process_ending, pyspy_dump
 from .state import CPP_OP, RankState, from_snapshot
 from .view import NodeView, WatchdogHealth
 
@@ -286,16 +287,14 @@ class Watchdog:
         states = self.merge(local)
         window = self.window.value
 
-        check = check_stall(states, now, window, self.opts.heartbeat_stale) if states else None
-        if check is not None:
-            settle_completed(states, check.positions)
-        exits = exit_findings(states, now) if states else []  # a crash needs no window
-        if self.incident is None and exits:
-            self.open_incident(states, exits, now, snaps, onset=min(f.onset for f in exits))
-        elif self.incident is None and check is not None and check.stalled:
-            self.open_incident(states, classify(states, check, now), now, snaps, onset=check.last_progress)
-        elif self.incident is not None and self.incident["evidence_done"] and not exits and check is not None \
-                and not check.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
+        # A crash needs no window; a stall needs the window without progress.
+        result = diagnose(states, now, window, self.evidence(local), heartbeat_stale=self.opts.heartbeat_stale) \
+            if states else None
+        if self.incident is None and result is not None and result.stalled and result.findings:
+            onset = min((f.onset for f in result.findings if f.onset), default=result.check.last_progress)
+            self.open_incident(states, result.findings, now, snaps, onset=onset)
+        elif self.incident is not None and self.incident["evidence_done"] and result is not None \
+                and not result.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
             self.close_incident(now)  # progress after the diagnosis (e.g. the ranks were restarted)
         lags = entry_lags(states)
         if states and self.incident is None:
@@ -309,6 +308,27 @@ class Watchdog:
             log.info("dtwatch: all ranks of %s are gone; watchdog exiting", self.opts.job_id)
             return True
         return False
+
+    def evidence(self, local: list[RankState]) -> FileEvidence:
+        """What the diagnosis may look at: sources here, py-spy on demand for this node's ranks (only
+        the ranks a decision needs: a wedged rank, one outside any collective), how processes ended."""
+        by_rank = {s.rank: s for s in local}
+        stacks: dict[int, list[dict] | None] = {}
+
+        def stack(rank: int) -> list[dict] | None:
+            s = by_rank.get(rank)
+            if s is None or not s.alive or not self.opts.pyspy:
+                return None
+            if rank not in stacks:
+                dump = pyspy_dump(rank, s.pid, timeout=5.0)
+                stacks[rank] = main_thread_frames(dump.threads) if dump.ok else None
+            return stacks[rank]
+
+        def ending(rank: int) -> dict | None:
+            s = by_rank.get(rank)
+            return process_ending(self.run_dir, rank, s.start_time) if s is not None else None
+
+        return FileEvidence(stacks=stack, endings=ending)
 
     def incident_idle(self) -> bool:
         return self.incident is None or self.incident.get("evidence_done", True)

@@ -36,7 +36,10 @@ def test_rank_conditional_collective_in_ddp_job(tmp_path):
     with incident(tmp_path, "rank_conditional", 2) as (job, index):
         f = stall(index)
         assert_rank_conditional_finding(f)
-        assert f["details"]["conditional_line"]["line"] == site_line("conditional_call")
+        # The branch named is the `if` that made the ranks differ, reached from the call's line.
+        assert f["details"]["conditional_line"]["line"] == site_line("rank_branch")
+        assert f["details"]["conditional_line"]["call_line"] == site_line("conditional_call")
+        assert "if rank == 0" in f["summary"] and "never" not in f["summary"]
         assert f["seq"] == f["waiting_seq"]
         # The detection deadline: from the hang's onset to the findings on disk.
         assert index["detected"] - job.onset() < DEADLINE
@@ -105,7 +108,7 @@ def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_pa
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("scenario, how", [
     ("exception", "raised ValueError: loss is NaN on rank 1"),
-    ("killed", "died without a clean exit"),
+    ("killed", "ended without a Python exception or a normal exit (killed by a signal"),
     ("returned", "exited normally"),
 ])
 def test_rank_exited_while_others_wait(tmp_path, scenario, how):
@@ -116,7 +119,9 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
         assert f["ranks"] == [1]
         assert how in f["summary"]
         assert f["op"] == "all_reduce"
-        assert f["site"]["line"] == site_line("exit_all_reduce")
+        assert f["details"]["last_call_site"]["line"] == site_line("exit_all_reduce")
+        # The root-cause line: where the exception was raised, else the last collective.
+        assert f["site"]["line"] == site_line("raise" if scenario == "exception" else "exit_all_reduce")
         assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
         if scenario == "exception":
             assert f"hang_worker.py:{site_line('raise')}" in f["details"]["exit_reason"]

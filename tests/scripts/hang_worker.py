@@ -63,7 +63,7 @@ def main() -> None:
         for step in range(1, 20):
             train_step(model, opt, torch.randn(8, 16))
             if step == HANG_STEP:
-                if rank == 0:
+                if rank == 0:  # site:rank_branch
                     mark_onset()
                     validate(model)  # site:conditional_call
                 dist.barrier()  # site:barrier_after

@@ -1,0 +1,100 @@
+"""Cross-rank diagnosis: from every rank's state, decide whether the job is stalled and say why.
+
+One entry point, :func:`diagnose`, serves the live watchdog, ``dtwatch analyze`` and the recorded
+incidents of the test corpus. It is pure: its inputs are the ranks' states (:class:`~dtwatch.state.RankState`),
+a clock, the stall window and an :class:`Evidence` reader (source lines, the static rank-conditional
+check, loops, stacks, Flight Recorder entries, how processes ended); its output is typed findings.
+It does no I/O and does not change its inputs' meaning (it settles per-group completion counts).
+
+Layout: :mod:`.positions` (where each rank is; the stall decision), :mod:`.decide` (who is the
+culprit), :mod:`.text` (every sentence), :mod:`.warn` (warnings without a stall), :mod:`.evidence`
+and :mod:`.source` (what the decisions may look at).
+
+The kinds (:class:`Kind`), in the order they are tested:
+
+* ``rank_exited`` - a rank ended (raised, was killed, returned early) while others need it; a crash
+  that follows a desync is reported as the desync.
+* ``unresponsive`` - a rank is alive but not running Python (GIL held, stopped); py-spy says where.
+* ``uneven_iterations`` - some ranks left the loop the others are still in (loader lengths, step
+  counts, or positions: one side after the loop, the other inside it).
+* ``stuck_outside_collective`` - a live rank that others wait for is not in any collective.
+* ``mismatch`` - ranks in the same call (same group, seq and line) with different op, dtype or shape.
+* ``desync`` - the ranks issued the same collectives in a different order.
+* ``rank_conditional`` - a collective only some ranks make (an extra call under a rank test), or one
+  a rank skipped while its peers wait in it (across groups and p2p pairs: the deviant, not the victim).
+* ``stalled_collective`` - every rank is in the same collective and none is missing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..state import RankState
+from .decide import classify as _classify
+from .decide import exit_findings as _exit_findings
+from .evidence import Evidence, FileEvidence, RecordedEvidence
+from .model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
+from .positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
+from .text import fmt_ranks, fmt_site, trim, with_source
+from .warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
+
+__all__ = [
+    "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",
+    "Position", "RecordedEvidence", "STALL", "StallCheck", "WARNING", "check_stall", "classify",
+    "cpp_blocked_call", "diagnose", "diagnose_fixture", "entry_lags", "exit_findings", "fmt_ranks",
+    "fmt_site", "loader_evidence", "positions", "settle_completed", "straggler_warning", "trim",
+    "uneven_loader_warnings", "with_source",
+]
+
+
+@dataclass
+class Diagnosis:
+    """The verdict on one look at the job."""
+
+    stalled: bool  # a stall (or a rank that ended while others need it) was found
+    findings: list[Finding]  # stall-severity findings, culprits first
+    check: StallCheck | None = None
+    now: float = field(default_factory=time.time)
+
+
+def diagnose(states: list[RankState], now: float, window: float, evidence: Evidence | None = None, *,
+             heartbeat_stale: float | None = None, assume_stalled: bool = False) -> Diagnosis:
+    """Decide whether the job is stalled and why.
+
+    Ranks that ended while others need them are diagnosed at once (no window). Otherwise the job is
+    stalled when some rank is blocked and nothing progressed for ``window`` seconds; with
+    ``assume_stalled`` (a post-mortem of a bundle or a dead job) any blocked rank counts.
+    """
+    ev = evidence or FileEvidence()
+    if not states:
+        return Diagnosis(False, [], None, now)
+    check = check_stall(states, now, window, heartbeat_stale)
+    settle_completed(states, check.positions)
+    exits = _exit_findings(states, now, ev)
+    if exits:
+        return Diagnosis(True, exits, check, now)
+    if assume_stalled and check.blocked and not check.stalled:
+        check = StallCheck(True, check.last_progress, check.blocked, check.positions)
+    if not check.stalled:
+        return Diagnosis(False, [], check, now)
+    return Diagnosis(True, _classify(states, check, now, ev), check, now)
+
+
+def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence | None = None) -> list[Finding]:
+    """Explain a stall that ``check`` found."""
+    return _classify(states, check, now, evidence or FileEvidence())
+
+
+def exit_findings(states: list[RankState], now: float, evidence: Evidence | None = None) -> list[Finding]:
+    """Ranks that ended while others still need them (no window)."""
+    return _exit_findings(states, now, evidence or FileEvidence())
+
+
+def diagnose_fixture(fixture: object) -> list[Finding]:
+    """Replay a captured incident (:func:`dtwatch.capture.load_fixture`) through :func:`diagnose`."""
+    get = (lambda k, d=None: fixture.get(k, d)) if isinstance(fixture, dict) else (lambda k, d=None: getattr(fixture, k, d))
+    states = [s if isinstance(s, RankState) else RankState.from_dict(s) for s in get("states", [])]
+    ev = RecordedEvidence(get("sources"), get("stacks"), get("flight_records"), get("endings"))
+    result = diagnose(states, float(get("now") or 0.0), float(get("window") or 10.0), ev,
+                      assume_stalled=get("source") == "bundle")
+    return result.findings

@@ -1,0 +1,175 @@
+"""What the diagnosis may look at besides the ranks' states, behind one small interface.
+
+The diagnosis itself does no I/O: it asks an :class:`Evidence` for source lines, rank-conditional
+branches (the static check of :mod:`dtwatch.lint`), loop structure, stacks, Flight Recorder entries
+and how a process ended. :class:`FileEvidence` answers from this machine (the live watchdog,
+``dtwatch analyze``); :class:`RecordedEvidence` from a captured incident (tests, bug reports).
+"""
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+from typing import Callable
+
+from .source import Loop, innermost_loop, loops
+
+
+class Evidence:
+    """The interface, answering "not known" to everything. Subclasses override what they know."""
+
+    def source(self, path: str) -> str | None:
+        """The whole text of a source file, if readable."""
+        return None
+
+    def line(self, path: str, line: int) -> str:
+        text = self.source(path)
+        if text is None:
+            return ""
+        lines = text.splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+    def rank_branch(self, path: str, line: int) -> tuple[int, str] | None:
+        """(line, text) of the rank test ``line`` runs under (``if rank == 0``), if any."""
+        text = self.source(path)
+        return _branches(text, path).get(line) if text is not None else None
+
+    def loop(self, path: str, line: int) -> Loop | None:
+        """The innermost loop ``line`` runs in."""
+        text = self.source(path)
+        return innermost_loop(_loops(text), line) if text is not None else None
+
+    def stack(self, rank: int) -> list[dict] | None:
+        """The main thread's frames (innermost first: file, line, function), from py-spy, if taken."""
+        return None
+
+    def flight_record(self, rank: int) -> dict | None:
+        """The rank's Flight Recorder summary (see dtwatch.bundle.summarize_flight_record)."""
+        return None
+
+    def ending(self, rank: int) -> dict | None:
+        """How the process ended when no exit was recorded: {"signal": "SIGABRT", "text": ...}."""
+        return None
+
+    def display_path(self, path: str) -> str:
+        return path
+
+
+class FileEvidence(Evidence):
+    """Evidence from this machine: source files, lint, and whatever the watchdog collected."""
+
+    def __init__(
+        self,
+        cwd: str | None = None,
+        stacks: Callable[[int], list[dict] | None] | None = None,
+        flight_records: dict[int, dict] | None = None,
+        endings: Callable[[int], dict | None] | None = None,
+    ) -> None:
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        self._stacks = stacks
+        self._fr = flight_records or {}
+        self._endings = endings
+
+    def source(self, path: str) -> str | None:
+        if not path or path.startswith("<"):
+            return None
+        lines = linecache.getlines(path)
+        return "".join(lines) if lines else None
+
+    def line(self, path: str, line: int) -> str:
+        if not path or path.startswith("<"):
+            return ""
+        return linecache.getline(path, line).strip()
+
+    def rank_branch(self, path: str, line: int) -> tuple[int, str] | None:
+        from ..lint import rank_branch
+
+        try:
+            return rank_branch(path, line)
+        except Exception:  # noqa: BLE001 - evidence is optional
+            return None
+
+    def stack(self, rank: int) -> list[dict] | None:
+        try:
+            return self._stacks(rank) if self._stacks is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    def flight_record(self, rank: int) -> dict | None:
+        return self._fr.get(rank)
+
+    def ending(self, rank: int) -> dict | None:
+        try:
+            return self._endings(rank) if self._endings is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    def display_path(self, path: str) -> str:
+        if path and os.path.isabs(path) and path.startswith(self.cwd + os.sep):
+            return os.path.relpath(path, self.cwd)
+        return path
+
+
+class RecordedEvidence(Evidence):
+    """Evidence kept with a captured incident (``dtwatch capture``): sources, stacks, flight records."""
+
+    def __init__(self, sources: dict | None = None, stacks: dict | None = None,
+                 flight_records: dict | None = None, endings: dict | None = None) -> None:
+        self._sources = sources or {}
+        self._stacks = stacks or {}
+        self._fr = flight_records or {}
+        self._endings = endings or {}
+
+    def source(self, path: str) -> str | None:
+        entry = self._sources.get(path)
+        return entry.get("text") if isinstance(entry, dict) else None
+
+    def line(self, path: str, line: int) -> str:
+        entry = self._sources.get(path)
+        if not isinstance(entry, dict):
+            return ""
+        if "text" in entry:
+            return super().line(path, line)
+        return str(entry.get("lines", {}).get(str(line), "")).strip()
+
+    def stack(self, rank: int) -> list[dict] | None:
+        return main_thread_frames(self._stacks.get(str(rank)))
+
+    def flight_record(self, rank: int) -> dict | None:
+        return self._fr.get(str(rank))
+
+    def ending(self, rank: int) -> dict | None:
+        return self._endings.get(str(rank))
+
+
+def main_thread_frames(threads: object) -> list[dict] | None:
+    """The main thread's Python frames from py-spy's ``--json`` output (innermost first), normalised to
+    {file, line, function}. The main thread is the one whose OS thread id is the process id; native
+    frames (``--native``: no Python line) are left out."""
+    if not isinstance(threads, list):
+        return None
+    dicts = [t for t in threads if isinstance(t, dict)]
+    main = next((t for t in dicts if t.get("pid") is not None and t.get("os_thread_id") == t.get("pid")), None) \
+        or next((t for t in dicts if t.get("thread_name") == "MainThread"), None)
+    if main is None:
+        return None
+    out = []
+    for fr in main.get("frames", []):
+        path = fr.get("filename") or fr.get("file") or ""
+        line = int(fr.get("line", 0) or 0)
+        if not path.endswith(".py") or line <= 0:
+            continue
+        out.append({"file": path, "line": line, "function": fr.get("name") or fr.get("function") or "?"})
+    return out
+
+
+@functools.lru_cache(maxsize=128)
+def _branches(text: str, path: str) -> dict[int, tuple[int, str]]:
+    from ..lint import rank_branches
+
+    return rank_branches(text, path)
+
+
+@functools.lru_cache(maxsize=128)
+def _loops(text: str) -> list[Loop]:
+    return loops(text)

@@ -1,0 +1,97 @@
+"""Where each rank is, and whether the job is stalled.
+
+A rank is *blocked* when it has issued a collective that has not completed: it is inside a
+synchronous Python-issued call, it issued an asynchronous one (``async_op=True``, ``isend``...) that
+has not completed (it will wait for it later, at a synchronisation point), or its latest operation in
+a group was issued from C++ (DDP's reducer, FSDP) and some member of that group has not issued that
+sequence number. The job is stalled when some rank is blocked and nothing anywhere has progressed (no
+collective entered or left, no step, no C++ sequence number advanced) for longer than the stall
+window. A quiet period where every rank is outside collectives (eval or checkpointing on all ranks)
+is never a stall: nobody is blocked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..state import CPP_OP, Call, RankState
+from .model import Position
+
+
+def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None:
+    """A collective issued from C++ (DDP/FSDP) that the rank must be waiting in.
+
+    The rank's latest operation in a group was issued from C++ and cannot have completed: some member of
+    the group has not issued that sequence number yet, or sits inside a different (Python) collective at
+    that same number. If every member has issued it and nobody disagrees, it completed.
+    """
+    best: Call | None = None
+    for g in s.groups.values():
+        if g.cpp_seq == 0 or g.cpp_seq <= g.py_seq:
+            continue
+        peers = [by_rank[m] for m in (g.members or []) if m in by_rank and m != s.rank and g.name in by_rank[m].groups]
+        behind = any(p.groups[g.name].seq < g.cpp_seq for p in peers)
+        disagrees = any(c.group == g.name and c.seq == g.cpp_seq for p in peers for c in p.open_calls)
+        if not (behind or disagrees):
+            continue
+        call = Call(op=CPP_OP, group=g.name, seq=g.cpp_seq, site=s.main_site, t_enter=g.cpp_seq_time,
+                    fingerprint=CPP_OP)
+        if best is None or call.t_enter > best.t_enter:
+            best = call
+    return best
+
+
+def waiting_call(s: RankState) -> Call | None:
+    """The issued, not completed, Python-issued call the rank waits on: its synchronous call if it is in
+    one, else the oldest asynchronous call still in flight (later ones queue behind it)."""
+    sync = [c for c in s.open_calls if not c.is_async]
+    if sync:
+        return sync[-1]
+    pending = [c for c in s.open_calls if c.is_async]
+    return min(pending, key=lambda c: c.t_enter) if pending else None
+
+
+def positions(states: list[RankState], now: float, heartbeat_stale: float) -> dict[int, Position]:
+    by_rank = {s.rank: s for s in states}
+    out: dict[int, Position] = {}
+    for s in states:
+        if s.gone:
+            out[s.rank] = Position(s.rank, "gone", s.last_call(), None)
+        elif s.proc_state == "T" or (s.alive is not False and s.heartbeat_age(now) > heartbeat_stale):
+            out[s.rank] = Position(s.rank, "unresponsive", waiting_call(s), s.main_site)
+        else:
+            call = waiting_call(s) or cpp_blocked_call(s, by_rank)
+            out[s.rank] = Position(s.rank, "blocked" if call else "outside", call, s.main_site)
+    return out
+
+
+@dataclass
+class StallCheck:
+    stalled: bool
+    last_progress: float
+    blocked: list[int]
+    positions: dict[int, Position]
+
+
+def check_stall(states: list[RankState], now: float, window: float, heartbeat_stale: float | None = None) -> StallCheck:
+    hb = heartbeat_stale if heartbeat_stale is not None else max(5.0, window / 2)
+    pos = positions(states, now, hb)
+    last_progress = max((s.last_activity for s in states), default=now)
+    blocked = sorted(r for r, p in pos.items() if p.state == "blocked" or (p.state == "unresponsive" and p.call))
+    any_live = any(p.state != "gone" for p in pos.values())
+    stalled = bool(blocked) and any_live and now - last_progress > window
+    return StallCheck(stalled, last_progress, blocked, pos)
+
+
+def settle_completed(states: list[RankState], pos: dict[int, Position]) -> None:
+    """What each rank has completed, per group, using the cross-rank view.
+
+    A rank's own ring knows completion only for Python-issued calls. With every rank's position known,
+    everything a rank issued in a group has completed, except the call it is blocked in.
+    """
+    for s in states:
+        p = pos.get(s.rank)
+        for g in s.groups.values():
+            if p is not None and p.call is not None and p.call.group == g.name and p.state != "gone":
+                g.completed = max(g.completed, min(g.seq, p.call.seq - 1))
+            elif not any(c.group == g.name for c in s.open_calls):
+                g.completed = max(g.completed, g.seq)

@@ -1,0 +1,99 @@
+"""The words of a diagnosis: every sentence a finding says is built here, from decided facts.
+
+Rules: culprit first (rank, op, their line, the branch or loop that made them differ), then who
+waits where, then evidence. Full sentences; text taken from elsewhere (exception messages) is cut at
+a sentence or word boundary, never mid-word. Paths are shown relative to the working directory when
+they lie under it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from ..state import CPP_OP, Call
+from .evidence import Evidence
+
+_EVIDENCE = Evidence()
+
+
+def with_source(site: dict | None, evidence: Evidence | None = None) -> dict | None:
+    """The site plus the text of its line, when the source is readable."""
+    if not site:
+        return site
+    out = dict(site)
+    if not out.get("source"):
+        ev = evidence or _default_evidence()
+        out["source"] = ev.line(str(site.get("file", "")), int(site.get("line", 0) or 0))
+    return out
+
+
+def _default_evidence() -> Evidence:
+    from .evidence import FileEvidence
+
+    global _EVIDENCE
+    if type(_EVIDENCE) is Evidence:
+        _EVIDENCE = FileEvidence()
+    return _EVIDENCE
+
+
+def fmt_site(site: dict | None, evidence: Evidence | None = None) -> str:
+    if not site:
+        return "an unknown line"
+    path = str(site.get("file"))
+    shown = (evidence or _default_evidence()).display_path(path)
+    text = f"{shown}:{site.get('line')} in {site.get('function')}"
+    src = site.get("source")
+    return f"{text} `{src}`" if src else text
+
+
+def fmt_ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    if not rs:
+        return "no rank"
+    parts, start, prev = [], rs[0], rs[0]
+    for r in rs[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    word = "rank" if len(rs) == 1 else "ranks"
+    return f"{word} {','.join(parts)}"
+
+
+def verb(ranks: Iterable[int], singular: str, plural: str) -> str:
+    """``waits``/``wait``: agree with fmt_ranks(ranks)."""
+    return singular if len(set(ranks)) == 1 else plural
+
+
+def op_name(call: Call | None) -> str:
+    if call is None:
+        return "no collective"
+    return "a collective issued from C++ (DDP/FSDP)" if call.op == CPP_OP else call.op
+
+
+def describe(call: Call | None) -> str:
+    if call is None:
+        return "no collective"
+    return f"{op_name(call)} (group {call.group}, seq {call.seq})"
+
+
+def trim(text: str, limit: int = 300) -> str:
+    """``text`` cut to at most ``limit`` characters at a sentence end, else a word boundary (with
+    an ellipsis); never mid-word."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    ends = [m.end() for m in re.finditer(r"[.!?;](\s|$)", head)]
+    if ends and ends[-1] > limit // 3:
+        return head[: ends[-1]].rstrip()
+    cut = head.rsplit(" ", 1)[0] if " " in head else head
+    return cut.rstrip(" ,;:") + " ..."
+
+
+def sentence(*parts: str) -> str:
+    """Parts joined with '; ' and ended with a full stop."""
+    body = "; ".join(p.strip().rstrip(".;") for p in parts if p and p.strip())
+    return body + "." if body else ""

@@ -1,0 +1,86 @@
+"""Pure pieces of the diagnosis: wording rules, loop structure, rank tests, how a process ended."""
+from __future__ import annotations
+
+import os
+import time
+
+from dtwatch.diagnose.source import innermost_loop, loops
+from dtwatch.diagnose.text import fmt_ranks, trim, verb
+from dtwatch.lint import rank_branches
+from dtwatch.stacks import ending_files, process_ending
+
+REASON = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+          "[127.0.0.1]:29500. This is typically caused by a peer process exiting, for example because it "
+          "crashed or was killed.")
+
+
+def test_trim_cuts_at_a_sentence_or_word_never_mid_word():
+    for limit in (40, 80, 120, 170):
+        short = trim(REASON, limit)
+        body = short.removesuffix(" ...")
+        assert len(short) <= limit + 4 and REASON.startswith(body)
+        assert not REASON[len(body):][:1].isalnum(), (limit, short)  # ends at a word boundary
+    assert trim(REASON, 120).endswith("29500.")  # a sentence end when there is one
+    assert trim("short text", 50) == "short text"
+
+
+def test_rank_lists_and_verbs_agree():
+    assert fmt_ranks([3, 0, 1, 2]) == "ranks 0-3"
+    assert fmt_ranks([1]) == "rank 1"
+    assert fmt_ranks([0, 2, 3]) == "ranks 0,2-3"
+    assert verb([1], "waits", "wait") == "waits" and verb([1, 2], "waits", "wait") == "wait"
+
+
+def test_loops_and_their_early_exits():
+    src = (
+        "def train(loader):\n"          # 1
+        "    for batch in loader:\n"     # 2
+        "        if bad(batch):\n"       # 3
+        "            break\n"            # 4
+        "        for x in batch:\n"      # 5
+        "            if x: break\n"      # 6
+        "        step(batch)\n"          # 7
+        "    barrier()\n"                # 8
+    )
+    found = loops(src)
+    outer = innermost_loop(found, 7)
+    assert (outer.start, outer.end) == (2, 7)
+    assert [line for line, _ in outer.exits] == [4]  # the nested loop's break leaves only the nested loop
+    assert innermost_loop(found, 6).start == 5
+    assert innermost_loop(found, 8) is None
+
+
+def test_rank_tests_through_attributes_and_flags():
+    src = (
+        "import os\n"
+        "import torch.distributed as dist\n"
+        "master_process = int(os.environ['RANK']) == 0\n"
+        "class Trainer:\n"
+        "    def __init__(self):\n"
+        "        self.gpu_id = int(os.environ['LOCAL_RANK'])\n"
+        "    def epoch(self):\n"
+        "        if self.gpu_id == 0:\n"
+        "            dist.barrier()\n"
+        "if master_process:\n"
+        "    dist.all_reduce(x)\n"
+    )
+    branches = rank_branches(src)
+    assert branches[9] == (8, "if self.gpu_id == 0")
+    assert branches[11] == (10, "if master_process")
+    assert 7 not in branches
+
+
+def test_process_ending_reads_faulthandler_output(tmp_path):
+    run_dir = str(tmp_path)
+    fatal, term = ending_files(run_dir, 3)
+    os.makedirs(os.path.dirname(fatal))
+    start = time.time() - 1
+    assert process_ending(run_dir, 3, start) is None
+    with open(fatal, "w") as f:
+        f.write("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File \"t.py\", line 3\n")
+    assert process_ending(run_dir, 3, start)["signal"] == "SIGABRT"
+    assert process_ending(run_dir, 3, time.time() + 60) is None  # written before this process started
+    os.remove(fatal)
+    with open(term, "w") as f:
+        f.write("Current thread 0x1 (most recent call first):\n")
+    assert process_ending(run_dir, 3, start)["signal"] == "SIGTERM"
