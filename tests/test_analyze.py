@@ -2,6 +2,8 @@
 a real watchdog), and rings written offline by the real writer with no watchdog at all."""
 from __future__ import annotations
 
+import os
+
 import json
 import shutil
 import subprocess
@@ -81,7 +83,7 @@ def test_text_report_starts_with_the_findings(hung_job):
     assert lines[1] == ""
     assert lines[2] == "STALL"
     assert lines[3].startswith(f"  [rank_conditional] rank 0 is in all_reduce (group 0, seq {expected['seq']}) at "
-                               f"{WORKER}:{site_line('validate_all_reduce')} in validate")
+                               f"{os.path.relpath(WORKER)}:{site_line('validate_all_reduce')} in validate")
     assert lines.index("RANKS") > 3  # per-rank state comes after the findings
     assert any(line.startswith("  rank 1 ") for line in lines[lines.index("RANKS"):])
 
