@@ -115,14 +115,21 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
     # Plain processes (like srun): nobody tears the survivors down when a rank dies.
     with incident(tmp_path, scenario, 2, torchrun=False) as (job, index):
         f = stall(index)
-        assert f["kind"] == "rank_exited"
         assert f["ranks"] == [1]
         assert how in f["summary"]
         assert f["op"] == "all_reduce"
+        assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
+        if scenario == "returned":
+            # A clean exit from inside the loop the others are still in: it left the loop early, through
+            # the `return` under the rank test, which is the root-cause line.
+            assert f["kind"] == "uneven_iterations"
+            assert f["site"]["line"] == site_line("exit_branch")
+            assert f"`return  # site:return_early`" in f["summary"]
+            return
+        assert f["kind"] == "rank_exited"
         assert f["details"]["last_call_site"]["line"] == site_line("exit_all_reduce")
         # The root-cause line: where the exception was raised, else the last collective.
         assert f["site"]["line"] == site_line("raise" if scenario == "exception" else "exit_all_reduce")
-        assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
         if scenario == "exception":
             assert f"hang_worker.py:{site_line('raise')}" in f["details"]["exit_reason"]
 

@@ -108,6 +108,16 @@ class Context:
             return Call(op=CPP_OP, group=group, seq=seq, site=s.main_site, t_enter=g.cpp_seq_time, fingerprint=CPP_OP)
         return None
 
+    def last_call(self, rank: int) -> Call | None:
+        """The rank's latest collective, Python-issued or issued from C++ (DDP/FSDP)."""
+        s = self.by_rank[rank]
+        last = s.last_call()
+        for g in s.groups.values():
+            if g.cpp_seq > g.py_seq and (last is None or g.cpp_seq_time > last.t_enter):
+                last = Call(op=CPP_OP, group=g.name, seq=g.cpp_seq, site=s.main_site, t_enter=g.cpp_seq_time,
+                            fingerprint=CPP_OP)
+        return last
+
     def members(self, rank: int, group: str) -> list[int]:
         g = self.by_rank[rank].groups.get(group)
         if g is not None and g.members:
@@ -186,7 +196,7 @@ def exception_site(s: RankState) -> dict | None:
     m = _AT_LINE.search(s.exit_reason or "")
     if not m:
         return None
-    return {"file": m.group("file"), "line": int(m.group("line")), "function": "?"}
+    return {"file": m.group("file"), "line": int(m.group("line"))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -493,7 +503,8 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
 # uneven iterations
 # ---------------------------------------------------------------------------------------------------
 def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_known: bool,
-            inside: list[Position] | None = None, side: list[Position] | None = None) -> Finding | None:
+            inside: list[Position] | None = None, side: list[Position] | None = None,
+            exited: bool = False) -> Finding | None:
     """``short`` left the loop the others are still in: shown by DataLoader lengths, step counts, or
     positions (``short`` waits after the loop that the others' lines are inside)."""
     loader = next((ld for ld in ctx.loaders if set(ld["short_ranks"]) & set(short)
@@ -505,11 +516,13 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
     if side is not None and ctx.branch(side[0].rank, side[0].call) is not None:
         return None  # the short side's call sits under a rank test: a rank-conditional call, not a loop exit
     loop_fact = _after_loop(ctx, side, inside) if positions_known and side and inside else None
+    if exited and loader is None and not fewer:
+        loop_fact = _early_exit_loop(ctx, long_ranks)
     if loader is None and not fewer and loop_fact is None:
         return None
     culprits = sorted(set(loader["short_ranks"]) & set(short)) if loader else sorted(short)
     s0 = ctx.by_rank[culprits[0]]
-    call = side[0].call if side else s0.last_call()
+    call = side[0].call if side else ctx.last_call(culprits[0])
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in culprits)
     where = ""
     if side:
@@ -520,10 +533,12 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
         where = f"{verb(culprits, 'is', 'are')} outside any collective, at {ctx.fmt(s0.main_site)}"
     parts = [f"{fmt_ranks(culprits)} left the loop earlier than the others and {where}"]
     if loop_fact:
-        loop, inner_site = loop_fact["loop"], loop_fact["inside_site"]
-        inside_ranks = sorted(p.rank for p in inside)
-        parts.append(f"{fmt_ranks(inside_ranks)} {verb(inside_ranks, 'is', 'are')} still inside the loop at "
-                     f"{ctx.fmt(loop_fact['loop_site'])}, in {describe(inside[0].call)} at {ctx.fmt(inner_site)}")
+        inner_site = loop_fact["inside_site"]
+        inside_ranks = sorted(p.rank for p in inside) if inside else sorted(r for r in long_ranks if r not in culprits)
+        in_call = f"in {describe(inside[0].call)} " if inside else ""
+        tense = verb(inside_ranks, "is", "are") if not exited else verb(inside_ranks, "was", "were")
+        parts.append(f"{fmt_ranks(inside_ranks)} {tense} still inside the loop at "
+                     f"{ctx.fmt(loop_fact['loop_site'])}, {in_call}at {ctx.fmt(inner_site)}")
     elif waiting_txt:
         parts.append(waiting_txt)
     if loader:
@@ -531,12 +546,20 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
                      + ", ".join(f"rank {r}: {n}" for r, n in loader["lengths"].items()))
     elif fewer:
         parts.append("steps so far: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(ctx.steps.items())))
-    exits = loop_fact["loop"].exits if loop_fact else ()
+    exits = (loop_fact.get("exits") or loop_fact["loop"].exits) if loop_fact else ()
+    branch = loop_fact.get("branch") if loop_fact else None
     if not loader and exits:
         parts.append("the loop can be left early at " + ", ".join(f"line {ln} `{text}`" for ln, text in exits[:3]))
-    root = loader["site"] if loader else (
-        {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "function": loop_fact["loop_site"].get("function"),
-         "source": exits[0][1]} if exits else (ctx.user_site(side[0].rank, call) if side else ctx.site(call.site if call else None)))
+        if branch:
+            parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
+    if loader:
+        root = loader["site"]
+    elif branch:
+        root = branch
+    elif exits:
+        root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
+    else:
+        root = ctx.user_site(side[0].rank, call) if side else (call.site if call else None)
     return Finding(
         kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=sentence(*parts),
         op=call.op if call else None, group=call.group if call else None, seq=call.seq if call else None,
@@ -547,6 +570,28 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
                           "exits": [list(e) for e in loop_fact["loop"].exits]} if loop_fact else None},
         **fields,
     )
+
+
+def _early_exit_loop(ctx: Context, ranks: list[int]) -> dict | None:
+    """The loop the other ranks are still in, when it has an early exit (``break``/``return``): the
+    ranks that exited normally left through it. Exits under a rank test come first (they are the
+    likely cause: per-rank early stopping, ``if rank == 1: return``)."""
+    for r in ranks:
+        p = ctx.pos.get(r)
+        for f in ctx.frames(r, p.call if p is not None else None):
+            path = str(f.get("file", ""))
+            if is_library_path(path):
+                continue
+            for loop in ctx.ev.enclosing_loops(path, int(f["line"])):
+                if not loop.exits:
+                    continue
+                exits = sorted(loop.exits, key=lambda e: ctx.ev.rank_branch(path, e[0]) is None)
+                branch = ctx.ev.rank_branch(path, exits[0][0])
+                return {"loop": loop, "inside_site": f, "exits": exits,
+                        "branch": {"file": path, "line": branch[0], "source": branch[1]} if branch else None,
+                        "loop_site": {"file": path, "line": loop.start, "function": f.get("function"),
+                                      "source": loop.header}}
+    return None
 
 
 def _after_loop(ctx: Context, side: list[Position], inside: list[Position]) -> dict | None:
@@ -577,7 +622,7 @@ def _gone(ctx: Context, gone: list[int], waiting: list[int]) -> list[Finding]:
     by_rank = ctx.by_rank
     clean = [r for r in gone if by_rank[r].exit_state == "exited"]
     if len(clean) == len(gone):
-        f = _uneven(ctx, clean, waiting, positions_known=False)
+        f = _uneven(ctx, clean, waiting, positions_known=False, exited=True)
         if f:
             return [f]
         blocked = [ctx.pos[r] for r in waiting if ctx.pos[r].call is not None]
@@ -591,7 +636,7 @@ def _gone(ctx: Context, gone: list[int], waiting: list[int]) -> list[Finding]:
 
 def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     s = ctx.by_rank[r]
-    last = s.last_call()
+    last = ctx.last_call(r)
     fields, waiting_txt = ctx.waiting(others)
     raised_at = exception_site(s) if s.exit_state == "exception" else None
     site = raised_at or ctx.user_site(r, last)
@@ -659,11 +704,12 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")
     failed = [s.rank for s in states if _secondary(s)]
     if clean and failed:
-        f = _uneven(ctx, clean, failed, positions_known=False)
-        if f:
-            return [f]
         reasons = {s.rank: s.exit_reason for s in states if _secondary(s)}
         extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
+        f = _uneven(ctx, clean, failed, positions_known=False, exited=True)
+        if f:
+            f.summary = sentence(f.summary, extra)
+            return [f]
         return [exited(ctx, r, failed, extra) for r in clean]
     return []
 

@@ -39,6 +39,13 @@ class Evidence:
         text = self.source(path)
         return innermost_loop(_loops(text), line) if text is not None else None
 
+    def enclosing_loops(self, path: str, line: int) -> list[Loop]:
+        """Every loop ``line`` runs in, innermost first."""
+        text = self.source(path)
+        if text is None:
+            return []
+        return sorted((lp for lp in _loops(text) if lp.contains(line)), key=lambda lp: lp.end - lp.start)
+
     def stack(self, rank: int) -> list[dict] | None:
         """The main thread's frames (innermost first: file, line, function), from py-spy, if taken."""
         return None

@@ -41,7 +41,7 @@ def fmt_site(site: dict | None, evidence: Evidence | None = None) -> str:
         return "an unknown line"
     path = str(site.get("file"))
     shown = (evidence or _default_evidence()).display_path(path)
-    text = f"{shown}:{site.get('line')} in {site.get('function')}"
+    text = f"{shown}:{site.get('line')}" + (f" in {site['function']}" if site.get("function") else "")
     src = site.get("source")
     return f"{text} `{src}`" if src else text
 

@@ -100,7 +100,7 @@ def main() -> None:
     elif SCENARIO in ("exception", "killed", "returned"):
         for step in range(1, 20):
             dist.all_reduce(t)  # site:exit_all_reduce
-            if step == HANG_STEP and rank == 1:
+            if step == HANG_STEP and rank == 1:  # site:exit_branch
                 mark_onset()
                 if SCENARIO == "exception":
                     raise ValueError("loss is NaN on rank 1")  # site:raise
