@@ -16,7 +16,7 @@ from ..state import CPP_OP, Call, RankState
 from .evidence import Evidence
 from .model import PEER_ERRORS, STALL, Finding, Kind, Position
 from .positions import StallCheck
-from .text import describe, fmt_ranks, fmt_site, op_name, sentence, trim, verb, with_source
+from .text import CPP_PREFIX, describe, fmt_ranks, fmt_site, op_name, sentence, trim, verb, with_source
 from .warn import loader_evidence
 
 P2P = ("send", "recv", "isend", "irecv")
@@ -42,6 +42,25 @@ class Context:
         self.by_rank = {s.rank: s for s in states}
         self.loaders = loader_evidence(states)
         self.steps = {s.rank: s.step for s in states}
+        self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
+                    for r, p in pos.items()}
+
+    # -- collectives issued from C++ ---------------------------------------------------------------
+    def named(self, rank: int, call: Call | None) -> Call | None:
+        """A call issued from C++ (DDP/FSDP), named and placed from the rank's Flight Recorder entry for
+        the same group and sequence number (its op, sizes and the user's line in its frames)."""
+        if call is None or call.op != CPP_OP:
+            return call
+        entry = fr_entry(self.ev.flight_record(rank), call.group, call.seq)
+        if entry is None:
+            return call
+        op = str(entry.get("op") or "") or CPP_OP
+        sizes = entry.get("input_sizes") or []
+        shape = "x".join(str(d) for d in sizes[0]) if sizes and isinstance(sizes[0], list) else "?"
+        dtype = (entry.get("input_dtypes") or ["?"])[0]
+        user = next((f for f in fr_frames(entry) if not is_library_path(f["file"])), None)
+        return Call(op=op, group=call.group, seq=call.seq, site=user or call.site, t_enter=call.t_enter,
+                    fingerprint=f"{CPP_PREFIX}{op}[{dtype}:{shape}]", user_site=user or call.site)
 
     # -- sites ------------------------------------------------------------------------------------
     def site(self, site: dict | None) -> dict | None:
@@ -55,7 +74,8 @@ class Context:
         if call is None:
             return None
         if call.op == CPP_OP:
-            return self.frames(rank, None)[0] if self.frames(rank, None) else None
+            frames = self.frames(rank, None)
+            return frames[0] if frames else None
         user = getattr(call, "user_site", None)
         return user or call.site
 
@@ -187,6 +207,31 @@ class Context:
         return "is running"
 
 
+_FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+
+
+def fr_entry(summary: dict | None, group: str, seq: int) -> dict | None:
+    """The Flight Recorder entry of ``group``'s collective number ``seq``. On the torch versions checked
+    (2.13), FR's ``collective_seq_id`` equals the group's sequence number after issuing the call, which
+    is what dtwatch records."""
+    if not summary:
+        return None
+    for e in reversed(summary.get("entries") or []):
+        if str(e.get("group")) == str(group) and e.get("seq") is not None and int(e["seq"]) == int(seq):
+            return e
+    return None
+
+
+def fr_frames(entry: dict) -> list[dict]:
+    """A Flight Recorder entry's frames ("name (file:line)", innermost first) as sites."""
+    out = []
+    for text in entry.get("frames") or []:
+        m = _FR_FRAME.match(str(text))
+        if m:
+            out.append({"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")})
+    return out
+
+
 def _strip_location(reason: str) -> str:
     return _AT_LINE.sub("", reason or "")
 
@@ -281,9 +326,11 @@ def _outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[Findi
 # ---------------------------------------------------------------------------------------------------
 def _blocked(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[Finding]:
     # 1. Ranks at the same group and sequence number in different calls: they took different paths.
+    # (p2p calls pair with their peer's matching call, not by sequence number: they are followed below.)
     points: dict[tuple[str, int], list[Position]] = defaultdict(list)
     for p in blocked:
-        points[(p.call.group, p.call.seq)].append(p)
+        if p.call.op not in P2P:
+            points[(p.call.group, p.call.seq)].append(p)
     for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.call.t_enter for p in kv[1])):
         sides: dict[tuple, list[Position]] = defaultdict(list)
         for p in here:
@@ -312,6 +359,8 @@ def _signature(ctx: Context, p: Position) -> tuple:
     c = p.call
     if c.op == CPP_OP:
         return (CPP_OP,)
+    if c.fingerprint.startswith(CPP_PREFIX):
+        return (c.fingerprint,)  # DDP/FSDP's own call: the same on every rank whatever line led there
     user = ctx.user_site(p.rank, c)
     return (c.fingerprint, (user or {}).get("file"), (user or {}).get("line"))
 
@@ -342,10 +391,46 @@ def _desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wai
         return _swapped(ctx, group, seq, swap, sides, waiting)
 
     # One side runs a collective the others do not: the side under a rank-conditional branch.
-    scored = sorted(sides, key=lambda side: (ctx.branch(side[0].rank, side[0].call) is None, len(side),
-                                             side[0].call.op == CPP_OP, min(p.rank for p in side)))
+    # One side makes a call the other does not. The deviant is the smaller side; between equal sides,
+    # the one under a rank test. If the deviant is under no rank test but the others are (``if rank != 0:
+    # dist.broadcast_object_list(...)``), the others' branch left it out: it skipped their call.
+    branches = {id(side): ctx.branch(side[0].rank, side[0].call) for side in sides}
+    scored = sorted(sides, key=lambda side: (len(side), branches[id(side)] is None, side[0].call.op == CPP_OP,
+                                             min(p.rank for p in side)))
     culprit = scored[0]
-    return _conditional(ctx, culprit, [p for side in sides if side is not culprit for p in side], waiting)
+    others = [p for side in sides if side is not culprit for p in side]
+    tie = len(scored) > 1 and len(scored[1]) == len(culprit)
+    if branches[id(culprit)] is None and not tie:
+        majority = scored[-1]
+        if branches[id(majority)] is not None:
+            return _skipped(ctx, culprit, majority, waiting)
+    return _conditional(ctx, culprit, others, waiting)
+
+
+def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiting: list[int]) -> Finding:
+    """``side`` did not make the call the majority is in, because the majority's rank test left it out."""
+    ranks = sorted(p.rank for p in side)
+    call = majority[0].call
+    site = ctx.user_site(majority[0].rank, call)
+    branch = ctx.branch(majority[0].rank, call)
+    mine = side[0].call
+    mine_site = ctx.user_site(side[0].rank, mine)
+    maj_ranks = sorted(p.rank for p in majority)
+    fields, _ = ctx.waiting(maj_ranks)
+    summary = sentence(
+        f"{fmt_ranks(ranks)} did not call {describe(call)} that {fmt_ranks(maj_ranks)} "
+        f"{verb(maj_ranks, 'waits', 'wait')} in at {ctx.fmt(site)}",
+        f"the rank test {ctx.fmt(branch)} leaves {fmt_ranks(ranks)} out",
+        f"{fmt_ranks(ranks)} went on to {describe(mine)} at {ctx.fmt(mine_site)}",
+    )
+    return Finding(
+        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=ranks, summary=summary,
+        op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
+        details={"pattern": "skipped_call", "conditional_line": branch,
+                 "culprit_position": {"op": mine.op, "group": mine.group, "seq": mine.seq, "site": ctx.site(mine_site)},
+                 "skipped_by": ranks},
+        **fields,
+    )
 
 
 def _key(site: dict | None) -> tuple | None:
@@ -469,21 +554,38 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
         _key(ctx.user_site(m, c)) == _key(site) for c in g.recent)
     branch = ctx.branch(p.rank, call)
     waiters = sorted({q.rank for q, mm in edges if mm == m and q.call.group == call.group})
-    if call.op not in P2P and branch is not None and not made_before and m_call is not None:
-        # The waiters' call is under a rank test and the other member never made it: an extra call.
+    members = ctx.members(p.rank, call.group)
+    absent = [r for r in members if r not in waiters and r != p.rank]
+    issued_by = len(set(waiters) | {p.rank})
+    if call.op not in P2P and not made_before and m_call is not None and (
+            issued_by < len(absent) or (issued_by == len(absent) and branch is not None)):
+        # Fewer members made the call than did not (or as many, and theirs is under a rank test):
+        # the waiters made an extra call.
         side = [ctx.pos[r] for r in waiters]
         return _conditional(ctx, side, [], waiting)
+    if call.op in P2P:
+        # The line of the matching call in the culprit's own history: the call it skipped this time.
+        g_m = ctx.by_rank[m].groups.get(call.group)
+        expected_ops = ("send", "isend") if call.op in ("recv", "irecv") else ("recv", "irecv")
+        mine = [c for c in (g_m.recent if g_m else []) if c.op in expected_ops
+                and getattr(c, "peer", p.rank) in (p.rank, -1, None)]
+        if mine:
+            made_before = True
+            site = ctx.user_site(m, mine[-1])
+            branch = ctx.branch(m, mine[-1]) or branch
     m_site = ctx.user_site(m, m_call)
     expected = _MATCHING_P2P.get(call.op, call.op)
     parts = [
-        f"rank {m} did not issue {'the matching ' + expected if call.op in P2P else call.op} "
-        f"(group {call.group}, seq {call.seq}) that {fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in at {ctx.fmt(site)}",
+        f"rank {m} did not issue {'the ' + expected + ' matching the ' + call.op if call.op in P2P else call.op} "
+        f"(group {call.group}, seq {call.seq}) that {fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in"
+        + (f"; rank {m} makes it at {ctx.fmt(site)}" if call.op in P2P and made_before else f" at {ctx.fmt(site)}"),
     ]
     if made_before:
         parts.append(f"rank {m} made that call at the same line earlier, so it skipped it this time")
     if m_call is not None:
-        parts.append(f"rank {m} went on to {describe(m_call)} at {ctx.fmt(m_site)}, "
-                     f"where it waits for {fmt_ranks(ctx.missing(m, m_call))}")
+        its_missing = ctx.missing(m, m_call)
+        parts.append(f"rank {m} went on to {describe(m_call)} at {ctx.fmt(m_site)}"
+                     + (f", where it waits for {fmt_ranks(its_missing)}" if its_missing else ""))
     if not made_before:
         parts.append(f"rank {m} either skipped the call or makes it later in a different order")
     fields, _ = ctx.waiting(r for r in waiting if r != m)

@@ -67,10 +67,17 @@ def verb(ranks: Iterable[int], singular: str, plural: str) -> str:
     return singular if len(set(ranks)) == 1 else plural
 
 
+CPP_PREFIX = "cpp:"  # fingerprint prefix of a C++-issued call named from the Flight Recorder
+
+
 def op_name(call: Call | None) -> str:
     if call is None:
         return "no collective"
-    return "a collective issued from C++ (DDP/FSDP)" if call.op == CPP_OP else call.op
+    if call.op == CPP_OP:
+        return "a collective issued from C++ (DDP/FSDP)"
+    if call.fingerprint.startswith(CPP_PREFIX):
+        return f"{call.op} issued from C++ (DDP/FSDP)"
+    return call.op
 
 
 def describe(call: Call | None) -> str:
