@@ -57,8 +57,10 @@ def classify_file(filename: str) -> int:
     if path.startswith(_TORCH_DIR) or path.startswith(_DTWATCH_DIR):
         return INTERNAL
     parts = path.split(os.sep)
-    if any(d in parts for d in _LIBRARY_DIRS):
-        return LIBRARY  # checked before the standard library: site-packages often lies inside it
+    lib = max((i for i, d in enumerate(parts) if d in _LIBRARY_DIRS), default=-1)
+    if lib >= 0:  # checked before the standard library: site-packages often lies inside it
+        # torch or dtwatch of another environment (e.g. paths in a Flight Recorder dump read elsewhere)
+        return INTERNAL if parts[lib + 1 : lib + 2] in (["torch"], ["dtwatch"]) else LIBRARY
     if path.startswith(_STDLIB_DIRS):
         return OTHER
     return USER

@@ -27,6 +27,8 @@ def test_classify_file():
     assert classify_file(threading.__file__) == OTHER  # the standard library
     assert classify_file("/opt/venv/lib/python3.11/site-packages/lightning/fabric/fabric.py") == LIBRARY
     assert classify_file("/usr/lib/python3/dist-packages/accelerate/utils/operations.py") == LIBRARY
+    assert classify_file("/other/venv/lib/python3.12/site-packages/torch/autograd/graph.py") == INTERNAL
+    assert classify_file("/other/venv/lib/python3.12/site-packages/torchvision/ops.py") == LIBRARY
     assert classify_file(__file__) == USER
     assert classify_file("/home/me/site-packages-notes/train.py") == USER  # a directory component, not a substring
     assert classify_file("/home/me/project/train.py") == USER
