@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .diagnose import Finding
+from .flight import summarize_entry
 from .state import RankState
 
 
@@ -91,14 +92,5 @@ def summarize_flight_record(path: str) -> dict | None:
             data = pickle.load(f)  # noqa: S301 - our own rank's dump, written by torch
     except Exception:
         return None
-    entries = []
-    for e in data.get("entries", []):
-        frames = e.get("frames") or []
-        entries.append({
-            "group": (e.get("process_group") or ["?"])[0], "seq": e.get("collective_seq_id"),
-            "p2p_seq": e.get("p2p_seq_id"), "op": str(e.get("profiling_name", "")).split(":")[-1],
-            "input_sizes": e.get("input_sizes"), "input_dtypes": e.get("input_dtypes"), "state": e.get("state"),
-            "time_created_ns": e.get("time_created_ns"),
-            "frames": [f"{fr.get('name')} ({fr.get('filename')}:{fr.get('line')})" for fr in frames[:6]],
-        })
+    entries = [summarize_entry(e) for e in data.get("entries", [])]
     return {"version": data.get("version"), "pg_config": data.get("pg_config"), "entries": entries}

@@ -1,9 +1,24 @@
-"""Call sites: the first frame outside torch and dtwatch, interned as small integer ids in the ring.
+"""Call sites: where a collective was called from, interned as small integer ids in the ring.
 
-Resolution is on the hot path, so both steps are cached: whether a code object is internal, and the
-site id (by code object and instruction offset: ``f_lineno`` scans the code's line table on every
-access, ~1 us late in a long function; ``f_lasti`` is free). A call from user code costs one frame
-hop and two dict lookups.
+Every frame's code is classified once (cached by code object):
+
+* ``INTERNAL``: torch, dtwatch and ``<frozen ...>`` modules: never a call site;
+* ``OTHER``: the standard library and other pseudo-files (``<string>``, ``<stdin>``): a call site if
+  nothing better is outside torch, never the user's line;
+* ``LIBRARY``: third-party code, i.e. a file with a ``site-packages`` or ``dist-packages`` directory
+  in its path (Lightning, Accelerate, transformers, ...);
+* ``USER``: everything else: the user's own code.
+
+A collective gets two sites: ``site``, the innermost frame outside torch and dtwatch (through a wrapper
+library, the library's line that called torch), and ``user_site``, the innermost ``USER`` frame (the
+user's line that called into the library). For a direct call from user code both are the same.
+
+Resolution is on the hot path, so it is cached: the site ids of a ``USER`` position, by code object and
+instruction offset (``f_lineno`` scans the code's line table on every access, ~1 us late in a long
+function; ``f_lasti`` is free), are one dict entry, ``positions[(id(code), f_lasti)] -> (site, user
+site)``: a direct call from user code costs one frame hop and one lookup. A call from inside a library
+or torch cannot be cached by its immediate caller (the user line above it varies), so it walks the
+frames, one cached classification per frame, and resolves the two frames it stops at from caches.
 The caches are keyed by ``id(code)``, not by the code object: hashing a code object is not cached by
 CPython and costs ~1.5 us for a typical training function (it hashes its constants each time). Every
 code object keyed is kept alive in ``_codes``, so an id is never reused for another one.
@@ -19,15 +34,40 @@ from typing import Callable
 
 import torch
 
+INTERNAL, OTHER, LIBRARY, USER = 0, 1, 2, 3
+
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _DTWATCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) + os.sep for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p}
 )
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
-def _is_internal_file(filename: str) -> bool:
-    return filename.startswith(_TORCH_DIR) or filename.startswith(_DTWATCH_DIR) or filename.startswith("<frozen")
+def site_file(filename: str) -> str:
+    """The file name a site records: absolute, except pseudo-files (``<string>``, ``<frozen ...>``)."""
+    return filename if filename.startswith("<") else os.path.abspath(filename)
+
+
+def classify_file(filename: str) -> int:
+    """``INTERNAL`` / ``OTHER`` / ``LIBRARY`` / ``USER`` of a code object's file name (see the module doc)."""
+    if filename.startswith("<"):
+        return INTERNAL if filename.startswith("<frozen") else OTHER
+    path = os.path.abspath(filename)
+    if path.startswith(_TORCH_DIR) or path.startswith(_DTWATCH_DIR):
+        return INTERNAL
+    parts = path.split(os.sep)
+    lib = max((i for i, d in enumerate(parts) if d in _LIBRARY_DIRS), default=-1)
+    if lib >= 0:  # checked before the standard library: site-packages often lies inside it
+        # torch or dtwatch of another environment (e.g. paths in a Flight Recorder dump read elsewhere)
+        return INTERNAL if parts[lib + 1 : lib + 2] in (["torch"], ["dtwatch"]) else LIBRARY
+    if path.startswith(_STDLIB_DIRS):
+        return OTHER
+    return USER
+
+
+def is_user_file(filename: str) -> bool:
+    return classify_file(filename) == USER
 
 
 class SiteTable:
@@ -35,53 +75,76 @@ class SiteTable:
 
     def __init__(self, register: Callable[[str, int, str], int]) -> None:
         self._register = register
-        self._internal: dict[int, bool] = {}  # id(code) -> torch/dtwatch?
-        self._user: dict[int, bool] = {}  # for the sampler: also skips the standard library
+        self._kinds: dict[int, int] = {}  # id(code) -> INTERNAL / OTHER / LIBRARY / USER
         self._ids: dict[tuple[int, int], int] = {}  # (id(code), line) -> site id
-        self.positions: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) -> site id (hot path)
+        self.positions: dict[tuple[int, int], tuple[int, int]] = {}  # USER (id(code), f_lasti) -> (site, user site)
+        self._other_positions: dict[tuple[int, int], int] = {}  # the same for OTHER / LIBRARY frames -> site
         self._codes: dict[int, CodeType] = {}  # keeps the code objects above alive
         self._lock = threading.Lock()
 
-    def caller_site(self, depth: int) -> int:
-        """Site id of the first frame outside torch/dtwatch, starting ``depth`` frames up (hot path)."""
-        f = sys._getframe(depth + 1)
-        internal = self._internal
+    def kind(self, code: CodeType) -> int:
+        key = id(code)
+        kind = self._kinds.get(key)
+        if kind is None:
+            self._codes[key] = code
+            kind = self._kinds[key] = classify_file(code.co_filename)
+        return kind
+
+    def caller_sites(self, depth: int) -> tuple[int, int]:
+        """``(site, user site)`` of the caller ``depth`` frames up (see :meth:`frame_sites`)."""
+        return self.frame_sites(sys._getframe(depth + 1))
+
+    def frame_sites(self, f: FrameType | None) -> tuple[int, int]:
+        """``(site, user site)`` of a call made in frame ``f`` (hot path when not a direct call).
+
+        ``site``: the first frame outside torch/dtwatch; ``user site``: the first user frame, or ``site``
+        when the stack has none (e.g. code run from a ``<string>``). 0 = unknown.
+        """
+        kinds = self._kinds
+        site = 0
         while f is not None:
-            key = id(f.f_code)
-            flag = internal.get(key)
-            if flag is None:
-                code = f.f_code
-                self._codes[key] = code
-                flag = internal[key] = _is_internal_file(os.path.abspath(code.co_filename))
-            if not flag:
-                break
+            code = f.f_code
+            key = id(code)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = self.kind(code)
+            if kind == USER:
+                pos = (key, f.f_lasti)
+                ids = self.positions.get(pos)
+                if ids is None:
+                    user = self._new_site(f)
+                    ids = (user, user)
+                    if user:  # 0 = table full: do not cache, so nothing wrong sticks
+                        self.positions[pos] = ids
+                return (site, ids[1]) if site else ids
+            if kind != INTERNAL and not site:
+                pos = (key, f.f_lasti)
+                site = self._other_positions.get(pos, 0)
+                if not site:
+                    site = self._new_site(f)
+                    if site:
+                        self._other_positions[pos] = site
             f = f.f_back
-        if f is None:
-            return 0
-        pos = (key, f.f_lasti)
-        site = self.positions.get(pos)
-        if site is None:
-            site = self._new_site(f)
-            if site:
-                self.positions[pos] = site
-        return site
+        return site, site
 
     def frame_site(self, frame: FrameType) -> int:
         site = self._ids.get((id(frame.f_code), frame.f_lineno))
         return site if site is not None else self._new_site(frame)
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
-        """First frame, innermost first, that is not torch, dtwatch or the standard library."""
-        user = self._user
+        """First frame, innermost first, of user code (not torch, dtwatch, the standard library,
+        pseudo-files or a third-party library)."""
         while frame is not None:
-            code = frame.f_code
-            key = id(code)
-            flag = user.get(key)
-            if flag is None:
-                path = os.path.abspath(code.co_filename)
-                self._codes[key] = code
-                flag = user[key] = not (_is_internal_file(path) or path.startswith(_STDLIB_DIRS))
-            if flag:
+            if self.kind(frame.f_code) == USER:
+                return frame
+            frame = frame.f_back
+        return None
+
+    def code_frame(self, frame: FrameType | None) -> FrameType | None:
+        """First frame, innermost first, of user or library code (not torch, dtwatch, the standard
+        library or pseudo-files): where a library's loop or wait sits when the user's code called it."""
+        while frame is not None:
+            if self.kind(frame.f_code) >= LIBRARY:
                 return frame
             frame = frame.f_back
         return None
@@ -93,7 +156,7 @@ class SiteTable:
             site = self._ids.get((key, line))
             if site is None:
                 name = getattr(code, "co_qualname", code.co_name)
-                site = self._register(os.path.abspath(code.co_filename), line or 0, name)
+                site = self._register(site_file(code.co_filename), line or 0, name)
                 if site:  # 0 = table full: do not cache, so nothing wrong sticks
                     self._codes[key] = code
                     self._ids[(key, line)] = site

@@ -73,7 +73,7 @@ class Recorder:
         self.records_off = 0
         self.capacity = 1
         self.sites: SiteTable | None = None
-        self.site_positions: dict[tuple[int, int], int] = {}
+        self.site_positions: dict[tuple[int, int], tuple[int, int]] = {}
         self.groups: dict[Any, tuple[int, Callable[[], int] | None]] = {}
         self.group_list: list[tuple[int, Any, Callable[[], int] | None]] = []  # for the sampler
         self.default_pg: Any = None
@@ -208,7 +208,7 @@ class Recorder:
             length = len(loader)
         except Exception:
             length = -1
-        frame = self.sites.user_frame(sys._getframe(2))
+        frame = self.sites.code_frame(sys._getframe(2))  # the loop iterating it, a library's included
         site = self.sites.frame_site(frame) if frame is not None else 0
         slot, epochs = self.loader_index.get(site, (-1, 0))
         if slot < 0:
@@ -408,18 +408,22 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             slot, seqfn = ginfo
             seq0 = seqfn() if seqfn is not None else 0
             is_async = always_async or (apos >= 0 and bool(args[apos] if apos < nargs else kwargs.get("async_op")))
-            # Call site: a direct call from user code is one dict hit; anything else (calls from inside
-            # torch, e.g. FSDP) walks out to the first frame outside torch and dtwatch.
+            # Call sites (see dtwatch.callsite): a direct call from user code is one dict hit giving both
+            # the site and the user's site (the same line); a call from inside torch (FSDP) or a library
+            # (Lightning, Accelerate) walks out to the first frame outside torch/dtwatch and to the first
+            # user frame.
             caller = getframe(1)
-            site = rec.site_positions.get((id(caller.f_code), caller.f_lasti))
-            if site is None:
-                site = rec.sites.caller_site(1)
+            sites = rec.site_positions.get((id(caller.f_code), caller.f_lasti))
+            if sites is None:
+                sites = rec.sites.frame_sites(caller)
             del caller
+            site, user_site = sites
             stamp = next(rec.stamps)
             off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
             entries[ndim if ndim < 4 else 4].pack_into(
                 mm, off, stamp, seq0 + 1, now(), op, dt, ndim if ndim < 256 else 255,
-                flags | FLAG_ASYNC if is_async else flags, ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, stamp,
+                flags | FLAG_ASYNC if is_async else flags, ntensors if ntensors < 256 else 255, slot, site,
+                rec.step, numel, peer, *shape, user_site, stamp,
             )
         except Exception as exc:  # noqa: BLE001 - recording must never break the collective
             rec.fail(f"recording {spec.name}", exc)

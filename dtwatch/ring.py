@@ -12,7 +12,7 @@ Reading a ring::
     for rec in snap.records_list()[-5:]:
         print(rec.op, rec.seq, rec.site, rec.in_flight)
 
-Format, version 1 (all little-endian; offsets in bytes):
+Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
 
 * **Header** (``HEADER_SIZE`` = 4096): static identity written once (``_STATIC``: magic ``DTWRING\\0``,
   version, layout offsets and capacities, rank, local rank, world size, pid, start time, host, job id,
@@ -37,7 +37,10 @@ Format, version 1 (all little-endian; offsets in bytes):
   (``ProcessGroup._get_sequence_number_for_group()`` after issuing it); ``seq_span`` is how many torch
   sequence numbers the call used (object collectives use several; p2p on NCCL none). A step marker
   (``FLAG_MARKER``, op ``step``) carries the step number in ``step`` and the default group's sequence
-  number at that moment in ``seq``.
+  number at that moment in ``seq``. ``site`` is the innermost frame outside torch and dtwatch,
+  ``user_site`` the innermost frame of the user's own code (outside the standard library and third-party
+  libraries as well, see :mod:`dtwatch.callsite`): they differ when a library (Lightning, Accelerate)
+  issued the collective. Version 1 had no ``user_site`` (its bytes were padding); it reads as ``site``.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ from typing import Iterable
 import numpy as np
 
 MAGIC = b"DTWRING\0"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no user_site (read as site)
 HEADER_SIZE = 4096
 RECORD_SIZE = 128
 GROUP_SIZE = 128
@@ -135,8 +139,8 @@ assert _REC_HEAD_SIZE == 72
 # fills them. Reader convention: an in-flight record spans 1 sequence number.
 _REC_ENTRY_HEAD = "<QQd13xBBBBBHIQqi4x"  # stamp seq t_enter [t_exit span status] op dtype ndim flags ntensors group site step numel peer
 assert struct.calcsize(_REC_ENTRY_HEAD) == _REC_HEAD_SIZE
-RECORD_ENTRY_BY_NDIM = tuple(
-    struct.Struct(_REC_ENTRY_HEAD + "q" * n + f"{(4 - n) * 8 + 16}x" + "Q") for n in range(5)
+RECORD_ENTRY_BY_NDIM = tuple(  # ... dims (n of 4), user_site, 12 pad bytes, stamp2
+    struct.Struct(_REC_ENTRY_HEAD + "q" * n + f"{(4 - n) * 8}x" + "I12xQ") for n in range(5)
 )
 # ``numel`` of a single tensor of at most 4 dimensions is not written (saves a call on the hot path):
 # the reader derives it from the dims.
@@ -151,7 +155,7 @@ RECORD_DTYPE = np.dtype(
         ("seq_span", "<u4"), ("status", "u1"), ("op", "u1"), ("dtype", "u1"), ("ndim", "u1"),
         ("flags", "u1"), ("ntensors", "u1"), ("group", "<u2"), ("site", "<u4"), ("step", "<u8"),
         ("numel", "<i8"), ("peer", "<i4"), ("_pad", "<u4"), ("dims", "<i8", (4,)),
-        ("_reserved", "V16"), ("stamp2", "<u8"),
+        ("user_site", "<u4"), ("_reserved", "V12"), ("stamp2", "<u8"),
     ]
 )
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
@@ -352,11 +356,12 @@ class RingWriter:
         self, stamp: int, *, op: str, seq: int = 0, t_enter: float, t_exit: float = 0.0, seq_span: int = 1,
         status: int | None = None, dtype: str = "unknown", shape: tuple[int, ...] = (), numel: int | None = None,
         flags: int = 0, ntensors: int = 1, group_slot: int = 0, site: int = 0, step: int = 0, peer: int = -1,
+        user_site: int | None = None,
     ) -> int:
         """Write one record (cold path: step markers, tools and tests). Returns its offset.
 
         ``stamp`` is the record's 1-based position in this rank's history. ``t_exit`` 0.0 leaves it in
-        flight. The recorder's hot path packs the same layout itself.
+        flight; ``user_site`` None means ``site``. The recorder's hot path packs the same layout itself.
         """
         off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
         ndim = len(shape)
@@ -365,7 +370,8 @@ class RingWriter:
             numel = NUMEL_FROM_SHAPE if ndim <= 4 and ntensors == 1 else 0
         RECORD_ENTRY_BY_NDIM[len(dims)].pack_into(
             self.mm, off, stamp, seq, t_enter, OP_CODES[op], DTYPE_CODES.get(dtype, 0), min(ndim, 255), flags,
-            min(ntensors, 255), group_slot, site, step, numel, peer, *dims, stamp,
+            min(ntensors, 255), group_slot, site, step, numel, peer, *dims,
+            site if user_site is None else user_site, stamp,
         )
         if t_exit:
             RECORD_EXIT.pack_into(self.mm, off + RECORD_EXIT_OFFSET, t_exit, seq_span,
@@ -451,6 +457,7 @@ class Record:
     ntensors: int
     peer: int
     step: int
+    user_site: Site | None = None  # the user's line that led to the call (== site for a direct call)
 
     @property
     def in_flight(self) -> bool:
@@ -481,6 +488,7 @@ class Record:
             "t_enter": self.t_enter, "t_exit": self.t_exit, "status": self.status,
             "flags": self.flags, "dtype": self.dtype, "shape": list(self.shape),
             "numel": self.numel, "ntensors": self.ntensors, "peer": self.peer, "step": self.step,
+            "user_site": self.user_site.to_dict() if self.user_site else None,
         }
 
 
@@ -504,8 +512,8 @@ class RankSnapshot:
     gpu_uuid: str
     heartbeat_time: float
     heartbeat_count: int
-    main_site: Site | None
-    main_top_site: Site | None
+    main_site: Site | None  # the main thread's innermost frame of user or library code (sampled)
+    main_top_site: Site | None  # the main thread's innermost frame, whatever its code
     main_site_since: float
     step: int
     step_time: float
@@ -516,7 +524,7 @@ class RankSnapshot:
     dump_request: int
     dump_ack: int
     stack_signal: int
-    main_stack: list[Site]  # the main thread's user frames, innermost first (sampled)
+    main_stack: list[Site]  # the main thread's user frames (no library, no stdlib), innermost first
     groups: list[GroupInfo]
     sites: list[Site]
     loaders: list[LoaderInfo]
@@ -546,6 +554,7 @@ class RankSnapshot:
             dtype=DTYPES[row["dtype"]] if row["dtype"] < len(DTYPES) else "unknown",
             shape=tuple(int(d) for d in row["dims"][: min(ndim, 4)]) if numel >= 0 else (),
             numel=numel, ntensors=int(row["ntensors"]), peer=int(row["peer"]), step=int(row["step"]),
+            user_site=self.site(int(row["user_site"])),
         )
 
     def records_list(self, last: int | None = None) -> list[Record]:
@@ -615,7 +624,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
      loaders_off, loaders_cap, members_off, members_cap, records_off, _pad, rank, local_rank,
      world_size, pid, start_time, host, job_id, torch_version, backend, restart_count,
      device_index, gpu_uuid) = st
-    if version != VERSION or header_size != HEADER_SIZE or record_size != RECORD_SIZE:
+    if version not in READABLE_VERSIONS or header_size != HEADER_SIZE or record_size != RECORD_SIZE:
         raise RingFormatError(f"{path}: ring version {version} (record size {record_size}) is not supported")
     if len(data) < records_off + capacity * RECORD_SIZE:
         raise RingFormatError(f"{path}: truncated ring")
@@ -664,6 +673,8 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
     else:
         valid = np.empty(0, dtype=RECORD_DTYPE)
     _normalize(valid)
+    if version == 1:
+        valid["user_site"] = valid["site"]
     return RankSnapshot(
         path=path, version=version, rank=rank, local_rank=local_rank, world_size=world_size, pid=pid,
         start_time=start_time, host=_dec(host), job_id=_dec(job_id), torch_version=_dec(torch_version),

@@ -2,9 +2,17 @@
 
 Every ``sample_interval`` seconds it writes a heartbeat, samples each process group's C++ sequence
 number (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
-the main thread is (its innermost frame and first user frame), stamps the exit of async work that has
-completed, registers process groups created since the last look, and answers the watchdog's
-Flight Recorder dump requests.
+the main thread is, stamps the exit of async work that has completed, registers process groups created
+since the last look, and answers the watchdog's Flight Recorder dump requests.
+
+Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.callsite`):
+
+* ``main_top_site``: its innermost frame, whatever the code (often torch's, when blocked in a collective);
+* ``main_site``: its innermost frame of user *or library* code: the line it waits at, even inside
+  Lightning's loop, like a collective's ``site``;
+* ``main_stack``: up to ``MAIN_STACK_DEPTH`` frames of the user's own code, innermost first (no
+  library, standard library or pseudo-file frames): the user's lines that led there, like a
+  collective's ``user_site``. Its first entry equals ``main_site`` when no library is in between.
 
 While the main thread is blocked inside a collective (C++ releases the GIL) this thread keeps going,
 so the ring says exactly where the rank waits. If it stops (the GIL is held by a wedged extension, or
@@ -109,16 +117,17 @@ class Sampler(threading.Thread):
         if frame is None or sites is None:
             return
         top = sites.frame_site(frame)
+        code = sites.code_frame(frame)
+        where = sites.frame_site(code) if code is not None else 0
         stack: list[int] = []
-        user_frame = sites.user_frame(frame)
+        user_frame = sites.user_frame(code)
         while user_frame is not None and len(stack) < MAIN_STACK_DEPTH:
             stack.append(sites.frame_site(user_frame))
             user_frame = sites.user_frame(user_frame.f_back)
-        del frame, user_frame
-        user = stack[0] if stack else 0
-        if (user, top) != self.last_sites:
-            self.last_sites = (user, top)
-            self.rec.ring.set_main_site(user, top, now)
+        del frame, code, user_frame
+        if (where, top) != self.last_sites:
+            self.last_sites = (where, top)
+            self.rec.ring.set_main_site(where, top, now)
         if stack != self.last_stack:
             self.last_stack = stack
             self.rec.ring.set_main_stack(stack)

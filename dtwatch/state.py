@@ -31,6 +31,10 @@ class Call:
     fingerprint: str = ""
     is_async: bool = False
     span: int = 1
+    # The user's own line that led to the call (outside torch, the standard library and third-party
+    # libraries); the same as ``site`` for a direct call, the line that called into the library (e.g.
+    # ``fabric.save(...)``) when a library issued it. None: unknown (states written before it existed).
+    user_site: dict | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -39,6 +43,12 @@ class Call:
     @property
     def site_key(self) -> tuple[str, int] | None:
         return (self.site["file"], self.site["line"]) if self.site else None
+
+    @property
+    def user_site_key(self) -> tuple[str, int] | None:
+        """(file, line) of the user's line, falling back to ``site`` where it is unknown."""
+        s = self.user_site or self.site
+        return (s["file"], s["line"]) if s else None
 
 
 @dataclass
@@ -74,10 +84,10 @@ class RankState:
     step_time: float
     groups: dict[str, GroupProgress]
     open_calls: list[Call]  # entered and not left, oldest first
-    main_site: dict | None  # first user frame of the main thread (sampled)
+    main_site: dict | None  # innermost frame of user or library code of the main thread (sampled)
     main_top_site: dict | None  # innermost frame of the main thread (sampled)
     main_site_since: float
-    main_stack: list[dict]  # the main thread's user frames, innermost first (sampled)
+    main_stack: list[dict]  # the main thread's user frames (not library), innermost first (sampled)
     loaders: list[dict]
     last_activity: float  # latest enter/exit/step/seq change seen
     stack_signal: int = 0
@@ -180,10 +190,11 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             return []
         rows = rows_of[idx].view(recs.dtype)  # gathered as opaque items: much faster than field by field
         out = []
-        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span in zip(
+        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span, user_id in zip(
             rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
             rows["t_enter"].tolist(), rows["t_exit"].tolist(), rows["dtype"].tolist(), rows["ndim"].tolist(),
             rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
+            rows["user_site"].tolist(),
         ):
             name = OPS[op] if op < n_ops else "unknown"
             key = (name, dt, numel >= 0, *dims[: min(ndim, 4)])
@@ -196,10 +207,15 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
                 site = site_dicts[site_id]
             else:
                 site = site_dicts[site_id] = sites[site_id - 1].to_dict() if 0 < site_id <= n_sites else None
+            if user_id in site_dicts:
+                user = site_dicts[user_id]
+            else:
+                user = site_dicts[user_id] = sites[user_id - 1].to_dict() if 0 < user_id <= n_sites else None
             out.append(Call(
                 name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq,
                 dict(site) if site is not None else None, te, tx, fp,
                 bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span,
+                dict(user) if user is not None else None,
             ))
         return out
 

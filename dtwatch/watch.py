@@ -464,7 +464,7 @@ class Watchdog:
                         summary = summarize_flight_record(fr)
                         if summary is not None:
                             bundle.add_json(f"fr/rank-{rank:05d}.json", summary)
-                            refine_cpp_ops(findings, rank, summary)
+                            refine_cpp_ops(findings, rank, summary, next((s for s in local if s.rank == rank), None))
                         del pending[rank]
                 time.sleep(0.1)
             for rank in pending:
@@ -577,19 +577,30 @@ class Watchdog:
         health.poll_seconds = []
 
 
-def refine_cpp_ops(findings: list[Finding], rank: int, fr_summary: dict) -> None:
-    """Name collectives issued from C++ using the Flight Recorder entry with the same group and seq."""
+def refine_cpp_ops(findings: list[Finding], rank: int, fr_summary: dict, state: RankState | None = None) -> None:
+    """Name collectives issued from C++ (DDP, FSDP) from this rank's Flight Recorder entry of the same
+    group and sequence number. FR's numbering is mapped onto dtwatch's by :mod:`dtwatch.flight`,
+    calibrated on the rank's own Python-issued calls (``state``) where it has any."""
+    from .flight import calibrate, index_entries
+
+    entries = fr_summary.get("entries", [])
+    calls = [c for g in state.groups.values() for c in g.recent] if state is not None else []
+    mapping = calibrate(entries, calls, state.backend if state is not None else "")
+    index = index_entries(entries, mapping)
     for f in findings:
-        for attr_op, attr_group, attr_seq, ranks in (("op", "group", "seq", f.ranks), ("waiting_op", "waiting_group", "waiting_seq", f.waiting_ranks)):
+        for attr_op, attr_group, attr_seq, attr_site, ranks in (
+            ("op", "group", "seq", "site", f.ranks),
+            ("waiting_op", "waiting_group", "waiting_seq", "waiting_site", f.waiting_ranks),
+        ):
             if getattr(f, attr_op) != CPP_OP or rank not in ranks:
                 continue
-            group, seq = getattr(f, attr_group), getattr(f, attr_seq)
-            for e in fr_summary.get("entries", []):
-                # Flight Recorder numbers collectives from 0 before issuing; dtwatch from 1 after.
-                if str(e.get("group")) == str(group) and e.get("seq") is not None and int(e["seq"]) + 1 == seq:
-                    setattr(f, attr_op, e["op"])
-                    f.details.setdefault("issued_from_cpp", {})[str(rank)] = e
-                    break
+            e = index.get((str(getattr(f, attr_group)), getattr(f, attr_seq)))
+            if e is None:
+                continue
+            setattr(f, attr_op, e["op"])
+            if getattr(f, attr_site) is None and e.get("user_site"):
+                setattr(f, attr_site, e["user_site"])  # FR's frames: the user's line that led to it
+            f.details.setdefault("issued_from_cpp", {})[str(rank)] = {**e, "seq_mapping": mapping.to_dict()}
 
 
 def _alive(pid: int) -> bool:

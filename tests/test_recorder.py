@@ -14,6 +14,7 @@ all_gathers, at ``seq`` and ``seq + 1``).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import signal
@@ -443,3 +444,118 @@ def test_import_auto_without_process_group_is_harmless(tmp_path):
     assert "barrier: Default process group has not been initialized" in proc.stdout
     assert "dtwatch" not in proc.stderr
     assert not list((tmp_path / "dtwatch").rglob("*.ring"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Call sites through a third-party library: the library's line and the user's line
+# ---------------------------------------------------------------------------------------------------
+# A stand-in for a training library (Lightning's strategy, Accelerate's utilities): the test writes it
+# into a directory named site-packages, which makes it third-party code to dtwatch.
+WRAPPERLIB = '''\
+"""A minimal training library: collectives issued on the user's behalf."""
+import os
+import time
+
+import torch.distributed as dist
+
+
+def barrier():
+    _strategy_barrier()
+
+
+def _strategy_barrier():
+    dist.barrier()  # site:barrier
+
+
+def all_reduce_mean(t):
+    dist.all_reduce(t)  # site:all_reduce
+    t /= dist.get_world_size()
+
+
+def gather_objects(obj):
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)  # site:object
+    return out
+
+
+def start_all_reduce(t):
+    return dist.all_reduce(t, async_op=True)  # site:async
+
+
+def run_callback(fn, *args):
+    return fn(*args)
+
+
+def wait_for_file(path):
+    while not os.path.exists(path):
+        time.sleep(0.02)  # site:wait
+'''
+
+
+def _marker_lines(text: str) -> dict[str, int]:
+    return {m.group(1): i for i, line in enumerate(text.splitlines(), 1) if (m := re.search(r"#\s*site:(\w+)", line))}
+
+
+@pytest.mark.timeout(150)
+def test_call_sites_through_a_library(torchrun, tmp_path):
+    libdir = tmp_path / "venv" / "lib" / "site-packages"
+    libdir.mkdir(parents=True)
+    (libdir / "wrapperlib.py").write_text(WRAPPERLIB)
+    lib_file, lib = str(libdir / "wrapperlib.py"), _marker_lines(WRAPPERLIB)
+    script, user = str(SCRIPTS / "rec_callsite.py"), site_lines("rec_callsite.py")
+    job = torchrun("rec_callsite.py", 2, wait=False,
+                   env={"PYTHONPATH": os.pathsep.join([str(libdir), os.environ.get("PYTHONPATH", "")])})
+
+    # While a rank waits inside the library, the sampler places it at the library's line (main_site)
+    # and lists the user's lines that led there (main_stack), innermost first.
+    def waiting_in_library(rank):
+        s = job.ring(rank)
+        return s if s.main_site is not None and (s.main_site.file, s.main_site.line) == (lib_file, lib["wait"]) else None
+
+    for rank in range(2):
+        s = wait_for(lambda: waiting_in_library(rank), 120, f"rank {rank} waiting in wrapperlib.wait_for_file")
+        assert s.main_site.function == "wait_for_file"
+        assert (s.main_top_site.file, s.main_top_site.line) == (lib_file, lib["wait"])
+        assert [(x.file, x.line) for x in s.main_stack[:1]] == [(script, user["lib_wait"])]
+        assert all(x.file != lib_file for x in s.main_stack)
+    (job.out_dir / "release").touch()
+    assert job.wait(90) == 0, job.output()
+
+    # (op, site (file, line), user site (file, line), flags that must be set), in call order.
+    def at(file, line):
+        return (file, line)
+
+    expected = [
+        ("all_reduce", at(script, user["direct"]), at(script, user["direct"]), 0),
+        ("barrier", at(lib_file, lib["barrier"]), at(script, user["lib_barrier"]), 0),
+        ("all_reduce", at(lib_file, lib["all_reduce"]), at(script, user["mean_a"]), 0),
+        ("all_reduce", at(lib_file, lib["all_reduce"]), at(script, user["mean_b"]), 0),
+        ("all_reduce", at(lib_file, lib["all_reduce"]), at(script, user["helper"]), 0),
+        ("all_gather_object", at(lib_file, lib["object"]), at(script, user["lib_object"]), FLAG_OBJECT),
+        ("all_reduce", at(lib_file, lib["async"]), at(script, user["lib_async"]), FLAG_ASYNC),
+        ("all_reduce", at(script, user["callback"]), at(script, user["callback"]), 0),
+        ("all_gather_object", at(script, user["direct_object"]), at(script, user["direct_object"]), FLAG_OBJECT),
+        ("all_reduce", at(script, user["direct_async"]), at(script, user["direct_async"]), FLAG_ASYNC),
+        ("all_reduce", at("<string>", 1), at(script, user["exec_string"]), 0),
+        ("barrier", at(script, user["final"]), at(script, user["final"]), 0),
+    ]
+    for rank in range(2):
+        snap = job.ring(rank)
+        recs = collectives(snap)
+        got = [(r.op, (r.site.file, r.site.line), (r.user_site.file, r.user_site.line)) for r in recs]
+        assert got == [e[:3] for e in expected], rank
+        for r, (_, _, _, flags) in zip(recs, expected):
+            assert r.flags & flags == flags and not r.in_flight
+        # Pseudo-files keep their name: never joined to the working directory as if they were files.
+        assert all(s.file == "<string>" or os.path.isabs(s.file) and "<" not in s.file for s in snap.sites)
+
+        # The summary the watchdog reasons about carries both sites, and survives a JSON round trip.
+        from dtwatch.state import RankState, from_snapshot
+
+        state = from_snapshot(snap, local=False)
+        calls = state.groups["0"].recent
+        assert [(c.site["line"], c.user_site["line"]) for c in calls] == [(e[1][1], e[2][1]) for e in expected]
+        assert calls[1].user_site == {"file": script, "line": user["lib_barrier"], "function": "main"}
+        assert calls[4].user_site["function"] == "metric_step"
+        again = RankState.from_dict(json.loads(json.dumps(state.to_dict())))
+        assert again.groups["0"].recent == calls
