@@ -35,6 +35,7 @@ class Call:
     # libraries); the same as ``site`` for a direct call, the line that called into the library (e.g.
     # ``fabric.save(...)``) when a library issued it. None: unknown (states written before it existed).
     user_site: dict | None = None
+    peer: int = -1  # p2p calls: the other rank (dst/src as passed); -1 for collectives
 
     @property
     def in_flight(self) -> bool:
@@ -190,11 +191,11 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             return []
         rows = rows_of[idx].view(recs.dtype)  # gathered as opaque items: much faster than field by field
         out = []
-        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span, user_id in zip(
+        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span, user_id, peer in zip(
             rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
             rows["t_enter"].tolist(), rows["t_exit"].tolist(), rows["dtype"].tolist(), rows["ndim"].tolist(),
             rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
-            rows["user_site"].tolist(),
+            rows["user_site"].tolist(), rows["peer"].tolist(),
         ):
             name = OPS[op] if op < n_ops else "unknown"
             key = (name, dt, numel >= 0, *dims[: min(ndim, 4)])
@@ -215,7 +216,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
                 name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq,
                 dict(site) if site is not None else None, te, tx, fp,
                 bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span,
-                dict(user) if user is not None else None,
+                dict(user) if user is not None else None, peer,
             ))
         return out
 

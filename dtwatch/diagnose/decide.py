@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 from typing import Iterable
 
+from ..flight import SEQ, SeqMapping, calibrate, entry_for
 from ..state import CPP_OP, Call, RankState
 from .evidence import Evidence
 from .model import PEER_ERRORS, STALL, Finding, Kind, Position
@@ -42,23 +43,42 @@ class Context:
         self.by_rank = {s.rank: s for s in states}
         self.loaders = loader_evidence(states)
         self.steps = {s.rank: s.step for s in states}
+        self._fr_mappings: dict = {}
         self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
                     for r, p in pos.items()}
 
     # -- collectives issued from C++ ---------------------------------------------------------------
+    def fr_entry(self, rank: int, group: str, seq: int) -> dict | None:
+        """The rank's Flight Recorder entry for ``group``'s call number ``seq``, with the numbering
+        calibrated on the rank's own Python-issued calls (dtwatch.flight)."""
+        summary = self.ev.flight_record(rank)
+        entries = (summary or {}).get("entries") or []
+        if not entries:
+            return None
+        mapping = self._fr_mappings.get(rank)
+        if mapping is None:
+            s = self.by_rank[rank]
+            calls = [c for g in s.groups.values() for c in g.recent]
+            mapping = self._fr_mappings[rank] = calibrate(entries, calls, s.backend)
+        found = entry_for(entries, group, seq, mapping)
+        if found is None and mapping.field not in entries[0]:
+            # Summaries written before op_id was kept: collective_seq_id (right while the group had no p2p).
+            found = entry_for(entries, group, seq, SeqMapping(SEQ))
+        return found
+
     def named(self, rank: int, call: Call | None) -> Call | None:
         """A call issued from C++ (DDP/FSDP), named and placed from the rank's Flight Recorder entry for
         the same group and sequence number (its op, sizes and the user's line in its frames)."""
         if call is None or call.op != CPP_OP:
             return call
-        entry = fr_entry(self.ev.flight_record(rank), call.group, call.seq)
+        entry = self.fr_entry(rank, call.group, call.seq)
         if entry is None:
             return call
         op = str(entry.get("op") or "") or CPP_OP
         sizes = entry.get("input_sizes") or []
         shape = "x".join(str(d) for d in sizes[0]) if sizes and isinstance(sizes[0], list) else "?"
         dtype = (entry.get("input_dtypes") or ["?"])[0]
-        user = next((f for f in fr_frames(entry) if not is_library_path(f["file"])), None)
+        user = entry.get("user_site") or next((f for f in fr_frames(entry) if not is_library_path(f["file"])), None)
         return Call(op=op, group=call.group, seq=call.seq, site=user or call.site, t_enter=call.t_enter,
                     fingerprint=f"{CPP_PREFIX}{op}[{dtype}:{shape}]", user_site=user or call.site)
 
@@ -208,18 +228,6 @@ class Context:
 
 
 _FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-
-
-def fr_entry(summary: dict | None, group: str, seq: int) -> dict | None:
-    """The Flight Recorder entry of ``group``'s collective number ``seq``. On the torch versions checked
-    (2.13), FR's ``collective_seq_id`` equals the group's sequence number after issuing the call, which
-    is what dtwatch records."""
-    if not summary:
-        return None
-    for e in reversed(summary.get("entries") or []):
-        if str(e.get("group")) == str(group) and e.get("seq") is not None and int(e["seq"]) == int(seq):
-            return e
-    return None
 
 
 def fr_frames(entry: dict) -> list[dict]:
@@ -549,6 +557,11 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
     site = ctx.user_site(p.rank, call)
     pm = ctx.pos.get(m)
     m_call = pm.call if pm is not None else None
+    if pm is not None and m_call is not None:
+        # The missing rank waits after the loop the waiter is still in: it ran fewer iterations.
+        f = _uneven(ctx, [m], [r for r in waiting if r != m], positions_known=True, inside=[p], side=[pm])
+        if f:
+            return f
     g = ctx.by_rank[m].groups.get(call.group)
     made_before = site is not None and g is not None and any(
         _key(ctx.user_site(m, c)) == _key(site) for c in g.recent)
@@ -660,6 +673,8 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
         root = branch
     elif exits:
         root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
+    elif loop_fact:
+        root = loop_fact["loop_site"]  # the loop the ranks run a different number of times
     else:
         root = ctx.user_site(side[0].rank, call) if side else (call.site if call else None)
     return Finding(
