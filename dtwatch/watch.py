@@ -30,7 +30,7 @@ from .diagnose.evidence import main_thread_frames
 from .launcher import lock_path
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
 from .stacks import faulthandler_dump, process_ending, pyspy_dump
-from .state import CPP_OP, RankState, from_snapshot
+from .state import RankState, from_snapshot
 from .view import NodeView, WatchdogHealth
 
 log = logging.getLogger("dtwatch")
@@ -453,7 +453,8 @@ class Watchdog:
                     pass
             for s in local:
                 bundle.copy(s.ring_path, f"rings/rank-{s.rank:05d}.ring")
-            self.collect_stacks(bundle, local)
+            fr_summaries: dict[int, dict] = {}
+            dumps = self.collect_stacks(bundle, local)
             deadline = time.time() + 3.0
             pending = dict(requests)
             while pending and time.time() < deadline:
@@ -464,12 +465,13 @@ class Watchdog:
                         summary = summarize_flight_record(fr)
                         if summary is not None:
                             bundle.add_json(f"fr/rank-{rank:05d}.json", summary)
-                            refine_cpp_ops(findings, rank, summary, next((s for s in local if s.rank == rank), None))
+                            fr_summaries[rank] = summary
                         del pending[rank]
                 time.sleep(0.1)
             for rank in pending:
                 bundle.add_text(f"fr/rank-{rank:05d}.missing.txt",
                                 "no Flight Recorder dump: the rank's sampler thread did not answer (GIL held or process stopped)\n")
+            self.refine(findings, states, local, dumps, fr_summaries)
             try:
                 from .timeline import render_svg
 
@@ -489,7 +491,21 @@ class Watchdog:
         if self.opts.fail_fast:
             self.fail_fast(local)
 
-    def collect_stacks(self, bundle: Bundle, local: list[RankState]) -> None:
+    def refine(self, findings: list[Finding], states: list[RankState], local: list[RankState],
+               dumps: dict, fr_summaries: dict[int, dict]) -> None:
+        """The same diagnosis again with the evidence collected since (stacks, Flight Recorder entries
+        naming C++-issued calls); the incident's findings are replaced in place."""
+        frames = {r: main_thread_frames(d.threads) for r, d in dumps.items() if d is not None and d.threads}
+        by_rank = {s.rank: s for s in local}
+        ev = FileEvidence(stacks=frames.get, flight_records=fr_summaries,
+                          endings=lambda r: process_ending(self.run_dir, r, by_rank[r].start_time) if r in by_rank else None)
+        detected = self.incident["detected"] if self.incident else time.time()
+        refined = diagnose(states, detected, self.window.value, ev, heartbeat_stale=self.opts.heartbeat_stale,
+                           assume_stalled=True).findings
+        if refined:
+            findings[:] = refined
+
+    def collect_stacks(self, bundle: Bundle, local: list[RankState]) -> dict:
         results: dict[int, object] = {}
 
         def one(s: RankState) -> None:
@@ -518,6 +534,7 @@ class Watchdog:
             bundle.add_text(f"stacks/rank-{rank:05d}.txt", header + dump.text)
             if dump.threads is not None:
                 bundle.add_json(f"stacks/rank-{rank:05d}.json", dump.threads)
+        return results
 
     def fail_fast(self, local: list[RankState]) -> None:
         """End the job so torchrun / Kubernetes can restart it instead of waiting out the timeout."""
@@ -575,32 +592,6 @@ class Watchdog:
                 self.error(type(exp).__name__)
                 log.debug("dtwatch: exporter failed: %r", exc)
         health.poll_seconds = []
-
-
-def refine_cpp_ops(findings: list[Finding], rank: int, fr_summary: dict, state: RankState | None = None) -> None:
-    """Name collectives issued from C++ (DDP, FSDP) from this rank's Flight Recorder entry of the same
-    group and sequence number. FR's numbering is mapped onto dtwatch's by :mod:`dtwatch.flight`,
-    calibrated on the rank's own Python-issued calls (``state``) where it has any."""
-    from .flight import calibrate, index_entries
-
-    entries = fr_summary.get("entries", [])
-    calls = [c for g in state.groups.values() for c in g.recent] if state is not None else []
-    mapping = calibrate(entries, calls, state.backend if state is not None else "")
-    index = index_entries(entries, mapping)
-    for f in findings:
-        for attr_op, attr_group, attr_seq, attr_site, ranks in (
-            ("op", "group", "seq", "site", f.ranks),
-            ("waiting_op", "waiting_group", "waiting_seq", "waiting_site", f.waiting_ranks),
-        ):
-            if getattr(f, attr_op) != CPP_OP or rank not in ranks:
-                continue
-            e = index.get((str(getattr(f, attr_group)), getattr(f, attr_seq)))
-            if e is None:
-                continue
-            setattr(f, attr_op, e["op"])
-            if getattr(f, attr_site) is None and e.get("user_site"):
-                setattr(f, attr_site, e["user_site"])  # FR's frames: the user's line that led to it
-            f.details.setdefault("issued_from_cpp", {})[str(rank)] = {**e, "seq_mapping": mapping.to_dict()}
 
 
 def _alive(pid: int) -> bool:

@@ -1,4 +1,4 @@
-"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.flight, watch.refine_cpp_ops).
+"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.flight, and the diagnosis naming C++-issued calls).
 
 Unit tests replay fixtures captured from real 2-rank gloo runs of tests/scripts/rec_fr.py (one per torch
 version, see tests/fr_fixtures.py); the last test runs that worker for real and names the C++-issued
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from dtwatch.bundle import summarize_flight_record
-from dtwatch.diagnose import Finding
+from dtwatch.diagnose import RecordedEvidence
+from dtwatch.diagnose.decide import Context
 from dtwatch.flight import OP_ID, SEQ, SeqMapping, calibrate, default_mapping, entry_for, op_family, summarize_entry
 from dtwatch.state import CPP_OP, Call, from_snapshot
-from dtwatch.watch import refine_cpp_ops
 
 from tests.conftest import SCRIPTS
 from tests.harness import site_line
@@ -146,25 +146,16 @@ def test_watchdog_names_ddp_collectives_from_the_flight_recorder(torchrun):
         # The ring alone knows these only as sequence numbers: no Python record has them.
         py_seqs = {c.seq for c in state.groups["0"].recent}
         assert not py_seqs & {s for _, s, _ in issued}
+        evidence = RecordedEvidence(flight_records={str(rank): summary})
         for group, seq, phase in issued:
-            f = Finding(kind="test", severity="stall", ranks=[rank], summary="", op=CPP_OP, group=group, seq=seq)
-            w = Finding(kind="test", severity="stall", ranks=[1 - rank], summary="", waiting_ranks=[rank],
-                        waiting_op=CPP_OP, waiting_group=group, waiting_seq=seq)
-            refine_cpp_ops([f, w], rank, summary, state)
-            assert op_family(f.op) in EXPECTED_FAMILY[phase] and f.waiting_op is None, (rank, seq, phase, f.op)
-            assert w.waiting_op == f.op and w.op is None
-            assert f.site == {"file": script, "line": PHASE_LINE[phase], "function": "main"}
-            assert w.waiting_site == f.site
-            evidence = f.details["issued_from_cpp"][str(rank)]
-            assert evidence["op_id"] == seq and evidence["seq_mapping"]["field"] == "op_id"
-            assert evidence["seq_mapping"]["evidence"] >= 4
-        backward = [s for _, s, p in issued if p == "backward"]
-        f = Finding(kind="test", severity="stall", ranks=[rank], summary="", op=CPP_OP, group="0", seq=backward[-1])
-        refine_cpp_ops([f], rank, summary)  # no state: the default for the backend FR names ("gloo:...")
-        assert f.op == "all_reduce"
-        # Another rank's finding, or a Python-issued op, is left alone.
-        other = Finding(kind="test", severity="stall", ranks=[1 - rank], summary="", op=CPP_OP, group="0", seq=backward[-1])
-        python = Finding(kind="test", severity="stall", ranks=[rank], summary="", op="barrier", group="0", seq=4)
-        refine_cpp_ops([other, python], rank, summary, state)
-        assert (other.op, python.op) == (CPP_OP, "barrier") and not other.details and not python.details
+            ctx = Context([state], {}, 0.0, 0.0, evidence)
+            named = ctx.named(rank, Call(CPP_OP, group, seq, None, 0.0, fingerprint=CPP_OP))
+            assert op_family(named.op) in EXPECTED_FAMILY[phase], (rank, seq, phase, named.op)
+            assert named.user_site == {"file": script, "line": PHASE_LINE[phase], "function": "main"}
+            entry = ctx.issued_from_cpp[rank]
+            assert entry["op_id"] == seq and entry["seq_mapping"]["field"] == "op_id"
+            assert entry["seq_mapping"]["evidence"] >= 4
+        # A Python-issued call is left as it is.
+        python = Call("barrier", "0", 4, None, 0.0, fingerprint="barrier[unknown:]")
+        assert Context([state], {}, 0.0, 0.0, evidence).named(rank, python) is python
         assert pickle.loads((job.out_dir / f"rank-{rank}.fr.pkl").read_bytes())["entries"]

@@ -124,7 +124,7 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
             # the `return` under the rank test, which is the root-cause line.
             assert f["kind"] == "uneven_iterations"
             assert f["site"]["line"] == site_line("exit_branch")
-            assert f"`return  # site:return_early`" in f["summary"]
+            assert "`return  # site:return_early`" in f["summary"]
             return
         assert f["kind"] == "rank_exited"
         assert f["details"]["last_call_site"]["line"] == site_line("exit_all_reduce")

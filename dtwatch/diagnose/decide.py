@@ -44,6 +44,7 @@ class Context:
         self.loaders = loader_evidence(states)
         self.steps = {s.rank: s.step for s in states}
         self._fr_mappings: dict = {}
+        self.issued_from_cpp: dict[int, dict] = {}  # rank -> the FR entry that named its C++-issued call
         self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
                     for r, p in pos.items()}
 
@@ -79,6 +80,7 @@ class Context:
         shape = "x".join(str(d) for d in sizes[0]) if sizes and isinstance(sizes[0], list) else "?"
         dtype = (entry.get("input_dtypes") or ["?"])[0]
         user = entry.get("user_site") or next((f for f in fr_frames(entry) if not is_library_path(f["file"])), None)
+        self.issued_from_cpp[rank] = {**entry, "seq_mapping": self._fr_mappings[rank].to_dict()}
         return Call(op=op, group=call.group, seq=call.seq, site=user or call.site, t_enter=call.t_enter,
                     fingerprint=f"{CPP_PREFIX}{op}[{dtype}:{shape}]", user_site=user or call.site)
 
@@ -258,6 +260,19 @@ def exception_site(s: RankState) -> dict | None:
 def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence) -> list[Finding]:
     """Explain a stall. ``check`` must say ``stalled``."""
     ctx = Context(states, check.positions, check.last_progress, now, evidence)
+    return _with_cpp_entries(ctx, _classify(ctx, check))
+
+
+def _with_cpp_entries(ctx: Context, findings: list[Finding]) -> list[Finding]:
+    """Findings that involve C++-issued calls carry the Flight Recorder entries that named them."""
+    for f in findings:
+        for r in sorted(set(f.ranks) | set(f.waiting_ranks)):
+            if r in ctx.issued_from_cpp:
+                f.details.setdefault("issued_from_cpp", {})[str(r)] = ctx.issued_from_cpp[r]
+    return findings
+
+
+def _classify(ctx: Context, check: StallCheck) -> list[Finding]:
     pos = ctx.pos
     waiting = sorted(check.blocked)
 
@@ -837,7 +852,7 @@ def _crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     last = ctx.by_rank[roots[0]].last_call()
     if last is None:
         return []
-    calls = {s.rank: ctx.call_at(s.rank, last.group, last.seq) for s in ctx.states}
+    calls = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
     if any(c is None for c in calls.values()):
         return []
     sides: dict[tuple, list[Position]] = defaultdict(list)
@@ -851,4 +866,4 @@ def _crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
     f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
     f.details["ended_by"] = {str(s.rank): ctx.how_it_ended(s) for s in ctx.states}
-    return [f]
+    return _with_cpp_entries(ctx, [f])
