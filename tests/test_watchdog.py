@@ -119,14 +119,13 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
         assert how in f["summary"]
         assert f["op"] == "all_reduce"
         assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
-        if scenario == "returned":
-            # A clean exit from inside the loop the others are still in: it left the loop early, through
-            # the `return` under the rank test, which is the root-cause line.
-            assert f["kind"] == "uneven_iterations"
-            assert f["site"]["line"] == site_line("exit_branch")
-            assert "`return  # site:return_early`" in f["summary"]
-            return
         assert f["kind"] == "rank_exited"
+        if scenario == "returned":
+            # A clean exit from inside the loop the others are still in: the `return` (under the rank
+            # test) is the root-cause line.
+            assert f["site"]["line"] == site_line("return_early")
+            assert f["details"]["conditional_line"]["line"] == site_line("exit_branch")
+            return
         assert f["details"]["last_call_site"]["line"] == site_line("exit_all_reduce")
         # The root-cause line: where the exception was raised, else the last collective.
         assert f["site"]["line"] == site_line("raise" if scenario == "exception" else "exit_all_reduce")

@@ -22,7 +22,7 @@ from .warn import loader_evidence
 
 P2P = ("send", "recv", "isend", "irecv")
 _MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
-_AT_LINE = re.compile(r" at (?P<file>.+?):(?P<line>\d+)$")
+_AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)
 
 
 def is_library_path(path: str) -> bool:
@@ -243,12 +243,13 @@ def fr_frames(entry: dict) -> list[dict]:
 
 
 def _strip_location(reason: str) -> str:
-    return _AT_LINE.sub("", reason or "")
+    m = _AT_LINE.match(reason or "")
+    return m.group("reason") if m else (reason or "")
 
 
 def exception_site(s: RankState) -> dict | None:
     """The line an exception was raised at, from the exit reason ("... at FILE:LINE")."""
-    m = _AT_LINE.search(s.exit_reason or "")
+    m = _AT_LINE.match(s.exit_reason or "")
     if not m:
         return None
     return {"file": m.group("file"), "line": int(m.group("line"))}
@@ -648,6 +649,8 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
     loop_fact = _after_loop(ctx, side, inside) if positions_known and side and inside else None
     if exited and loader is None and not fewer:
         loop_fact = _early_exit_loop(ctx, long_ranks)
+        if loop_fact is not None and _is_return(loop_fact["exits"][0][1]):
+            return None  # it returned from the function, not just the loop: the rank exited (see exited())
     if loader is None and not fewer and loop_fact is None:
         return None
     culprits = sorted(set(loader["short_ranks"]) & set(short)) if loader else sorted(short)
@@ -684,8 +687,6 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
             parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
     if loader:
         root = loader["site"]
-    elif branch:
-        root = branch
     elif exits:
         root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
     elif loop_fact:
@@ -699,7 +700,8 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
         details={"steps": {str(r): n for r, n in sorted(ctx.steps.items())}, "loaders": ctx.loaders,
                  "post_loop_site": ctx.site(ctx.user_site(side[0].rank, call)) if side else None,
                  "loop": {"file": loop_fact["loop_site"]["file"], "line": loop_fact["loop"].start,
-                          "exits": [list(e) for e in loop_fact["loop"].exits]} if loop_fact else None},
+                          "exits": [list(e) for e in loop_fact["loop"].exits]} if loop_fact else None,
+                 "conditional_line": branch},
         **fields,
     )
 
@@ -734,16 +736,15 @@ def _after_loop(ctx: Context, side: list[Position], inside: list[Position]) -> d
             path = str(f_in.get("file", ""))
             if is_library_path(path):
                 continue
-            loop = ctx.ev.loop(path, int(f_in["line"]))
-            if loop is None:
-                continue
-            # The short side's frame in the same function as the loop: after the loop's last line.
-            for f_out in outer:
-                if f_out.get("file") == path and f_out.get("function") == f_in.get("function") \
-                        and int(f_out["line"]) > loop.end:
-                    return {"loop": loop, "inside_site": f_in,
-                            "loop_site": {"file": path, "line": loop.start, "function": f_in.get("function"),
-                                          "source": loop.header}}
+            # The outermost loop around the inside frame that the short side's frame (same function)
+            # is past: the loop the short side left (an epoch loop, not only the batch loop in it).
+            for loop in reversed(ctx.ev.enclosing_loops(path, int(f_in["line"]))):
+                for f_out in outer:
+                    if f_out.get("file") == path and f_out.get("function") == f_in.get("function") \
+                            and int(f_out["line"]) > loop.end:
+                        return {"loop": loop, "inside_site": f_in,
+                                "loop_site": {"file": path, "line": loop.start, "function": f_in.get("function"),
+                                              "source": loop.header}}
     return None
 
 
@@ -766,6 +767,10 @@ def _gone(ctx: Context, gone: list[int], waiting: list[int]) -> list[Finding]:
     return [exited(ctx, r, [x for x in waiting if x not in roots]) for r in sorted(roots)]
 
 
+def _is_return(text: str) -> bool:
+    return text.startswith("return") or "exit(" in text
+
+
 def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     s = ctx.by_rank[r]
     last = ctx.last_call(r)
@@ -773,8 +778,19 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     raised_at = exception_site(s) if s.exit_state == "exception" else None
     site = raised_at or ctx.user_site(r, last)
     parts = [f"rank {r} {ctx.how_it_ended(s)}"]
+    details: dict = {}
     if raised_at:
         parts.append(f"at {ctx.fmt(raised_at)}")
+    elif s.exit_state == "exited":
+        # Returned from inside the loop the others are still in: name that return and its rank test.
+        fact = _early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
+        if fact is not None and _is_return(fact["exits"][0][1]):
+            line, text = fact["exits"][0]
+            site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
+                    "source": text}
+            parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(site)}"
+                         + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
+            details["conditional_line"] = fact["branch"]
     parts.append(f"its last collective was {describe(last)} at {ctx.fmt(ctx.user_site(r, last))}" if last
                  else "it had issued no collective")
     parts += [waiting_txt, extra]
@@ -783,7 +799,7 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
         site=ctx.site(site),
         details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host,
-                 "ending": ctx.ev.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last))}, **fields,
+                 "ending": ctx.ev.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last)), **details}, **fields,
     )
 
 
