@@ -18,7 +18,7 @@ Format 1, one JSON object (keys sorted, one top-level key and one rank state per
     states        [RankState.to_dict(), ...] by rank; recent calls trimmed per group
     sources       {file: {"text": full text}} for user files,
                   {file: {"lines": {"N": text}}} for library files (the referenced lines +-3)
-    stacks        {"<rank>": py-spy threads (locals dropped)}
+    stacks        {"<rank>": py-spy threads (locals dropped, helper threads cut to their ends)}
     flight_records {"<rank>": Flight Recorder summary (latest entries per group)}
     findings_at_capture [Finding.to_dict(), ...] (what the watchdog said at the time)
     truth         {...} | null (what really happened, for the incident corpus)
@@ -224,13 +224,24 @@ def trim_state(s: dict, recent: int) -> dict:
 
 
 FRAME_KEYS = ("name", "filename", "line", "module")  # py-spy frame fields kept (the others are derived or empty)
+MAIN_THREAD_FRAMES = 64  # frames kept of the main thread's stack
+OTHER_THREAD_FRAMES = (8, 4)  # innermost and outermost frames kept of every other thread's stack
 
 
 def trim_stacks(threads: Any) -> Any:
+    """py-spy threads with the frame fields that matter; deep stacks of helper threads cut in the middle."""
     if not isinstance(threads, list):
         return threads
-    return [{**t, "frames": [{k: fr[k] for k in FRAME_KEYS if fr.get(k) is not None} for fr in t.get("frames", [])]}
-            for t in threads]
+    out = []
+    for t in threads:
+        frames = [{k: fr[k] for k in FRAME_KEYS if fr.get(k) is not None} for fr in t.get("frames", [])]
+        inner, outer = (MAIN_THREAD_FRAMES, 0) if t.get("thread_name") == "MainThread" else OTHER_THREAD_FRAMES
+        kept = frames if len(frames) <= inner + outer else frames[:inner] + (frames[-outer:] if outer else [])
+        thread = {**t, "frames": kept}
+        if len(kept) < len(frames):
+            thread["frames_omitted"] = len(frames) - len(kept)
+        out.append(thread)
+    return out
 
 
 def trim_flight_record(summary: dict, per_group: int) -> dict:
