@@ -192,6 +192,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              also=("regex_obj_call",), tags=("object",)),
     incident("wedged_sigstop_async", UR, "sigstop_async", kind="unresponsive", ranks=(2,), op=None, line="stop",
              also=("stop_async_call",), tags=("async",)),
+    # -- every observed rank inside the same collective ---------------------------------------------
+    incident("stalled_unobserved_peer", "stalled.py", "unobserved_peer", kind="stalled_collective", ranks=(),
+             op="all_reduce", line="stalled_all_reduce", present=("rank 4",), tags=("python",),
+             note="world size 5; rank 4 runs without dtwatch and stops taking part: ranks 0-3 all wait in the "
+                  "same all_reduce, so the finding should say rank 4 is not observed"),
     # -- desynchronised program order -----------------------------------------------------------------
     incident("desync_order_swap", DS, "swap", kind="desync", ranks=(3,), op="broadcast", line="swap_order",
              also=("swap_broadcast",), absent=NEVER, tags=("python",),
