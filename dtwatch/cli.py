@@ -203,6 +203,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 1 if result.stalled else 0
 
 
+def cmd_capture(args: argparse.Namespace) -> int:
+    from .capture import main_capture
+
+    return main_capture(args.src, args.output, name=args.name, relative_to=args.relative_to, recent=args.recent,
+                        fr_entries=args.fr_entries, window=args.window, truth_file=args.truth)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dtwatch",
@@ -247,6 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for rings without a recorded diagnosis: seconds without progress that count as a stall (default 0: "
                         "any rank still inside a collective)")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("capture", help="pack an incident bundle or run directory into one sanitised JSON fixture",
+                       description="Pack an incident (bundle directory) or a run directory (its rings, read now) into one "
+                                   "compact JSON file with paths and host names sanitised: for bug reports and replay tests.",
+                       epilog="Example: dtwatch capture /tmp/dtwatch/JOB/incidents/INC/NODE -o incident.json")
+    p.add_argument("src", metavar="SRC", help="incident bundle (or incident) directory, or run directory")
+    p.add_argument("-o", "--output", required=True, metavar="FIXTURE.json", help="file to write")
+    p.add_argument("--name", default=None, help="the fixture's name (default: SRC's directory name)")
+    p.add_argument("--relative-to", default=None, metavar="DIR", help="paths under DIR become relative (default: cwd)")
+    p.add_argument("--recent", type=int, default=16, help="recent calls kept per group per rank (default 16)")
+    p.add_argument("--fr-entries", type=int, default=8, help="latest Flight Recorder entries kept per group (default 8)")
+    p.add_argument("--window", type=float, default=0.0, help="stall window recorded for a run directory (default 0)")
+    p.add_argument("--truth", default=None, metavar="FILE", help="JSON file with what really happened, stored as `truth`")
+    p.set_defaults(func=cmd_capture)
 
     try:
         from .lint_cli import add_lint_parser
