@@ -1,11 +1,12 @@
 """``dtwatch analyze DIR...``: merge run directories and incident bundles of any number of nodes.
 
 Inputs are found by walking each DIR: incident bundles (``index.json`` + ``findings.json`` +
-``ranks/*.json``: the state at detection, with each node's liveness view) and rings (``*.ring``: a run
-directory, or a bundle's ``rings/``). Per rank the bundle state wins over a ring read now. Findings
-recorded by a watchdog are reported as they were; without any, the ranks are diagnosed here as they
-were when their rings were last written (a process that died without a clean exit is taken where it
-stopped).
+``ranks/*.json``: the state at detection, with each node's liveness view), rings (``*.ring``: a run
+directory, or a bundle's ``rings/``) and the watchdogs' event logs (``events-<node>.jsonl``: the
+warnings they issued while the job ran). Per rank the bundle state wins over a ring read now. Findings
+and warnings recorded by a watchdog are reported as they were; without findings, the ranks are
+diagnosed here as they were when their rings were last written (a process that died without a clean
+exit is taken where it stopped).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class Analysis:
     now: float
     sources: list[str] = field(default_factory=list)
     bundles: list[str] = field(default_factory=list)
+    verdict: str | None = None  # "crash" / "stall" as the watchdog called the incident; None: no incident recorded
+    live_warnings: int = 0  # how many of ``warnings`` (the first ones) a watchdog issued while the job ran
 
     @property
     def stalled(self) -> bool:
@@ -36,8 +39,10 @@ class Analysis:
     def to_dict(self) -> dict:
         return {
             "stalled": self.stalled,
+            "verdict": self.verdict,
             "findings": [f.to_dict() for f in self.findings],
-            "warnings": [f.to_dict() for f in self.warnings],
+            "warnings": [{**f.to_dict(), "issued": "live" if i < self.live_warnings else "analysis"}
+                         for i, f in enumerate(self.warnings)],
             "ranks": [rank_summary(s, self.now) for s in self.states],
             "bundles": self.bundles,
             "sources": self.sources,
@@ -57,8 +62,8 @@ def rank_summary(s: RankState, now: float) -> dict:
     }
 
 
-def _scan(paths: list[str]) -> tuple[list[Path], list[Path]]:
-    bundles, rings = [], []
+def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
+    bundles, rings, events = [], [], []
     for p in paths:
         root = Path(p)
         if root.is_file() and root.suffix == ".ring":
@@ -69,17 +74,41 @@ def _scan(paths: list[str]) -> tuple[list[Path], list[Path]]:
             if "index.json" in files and "findings.json" in files:
                 bundles.append(d)
             rings.extend(d / f for f in files if f.endswith(".ring"))
-    return sorted(set(bundles)), sorted(set(rings))
+            events.extend(d / f for f in files if f.startswith("events-") and f.endswith(".jsonl"))
+    return sorted(set(bundles)), sorted(set(rings)), sorted(set(events))
+
+
+def live_warnings(event_files: list[Path]) -> list[Finding]:
+    """The warnings watchdogs issued during the run, once each (several nodes may issue the same)."""
+    seen: dict[tuple, Finding] = {}
+    for path in event_files:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") != "warning":
+                continue
+            f = Finding.from_dict(event)
+            seen.setdefault((f.kind, tuple(f.ranks)), f)
+    return sorted(seen.values(), key=lambda f: f.detected)
 
 
 def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
-    bundle_dirs, ring_paths = _scan(paths)
+    bundle_dirs, ring_paths, event_files = _scan(paths)
     states: dict[int, RankState] = {}
     findings: dict[tuple, Finding] = {}
+    verdicts: set[str] = set()
     now = 0.0
     for b in bundle_dirs:
         index = json.loads((b / "index.json").read_text())
         now = max(now, float(index.get("detected", 0)))
+        if index.get("verdict"):
+            verdicts.add(str(index["verdict"]))
         for f in json.loads((b / "findings.json").read_text()):
             fd = Finding.from_dict(f)
             findings.setdefault(fd.key(), fd)
@@ -108,8 +137,13 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     if not result_findings and ordered:
         result_findings = diagnose(ordered, now, window, FileEvidence(), heartbeat_stale=float("inf"),
                                    assume_stalled=window == 0.0).findings
-    warnings = uneven_loader_warnings(ordered, now)
+    live = live_warnings(event_files)
+    issued = {(f.kind, tuple(f.ranks)) for f in live}
+    computed = uneven_loader_warnings(ordered, now)
     strag = straggler_warning(entry_lags(ordered), now)
     if strag is not None:
-        warnings.append(strag)
-    return Analysis(result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs])
+        computed.append(strag)
+    warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued]
+    verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
+    return Analysis(result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
+                    verdict=verdict, live_warnings=len(live))

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success / nothing found; 1 ``analyze``/``lint`` found a problem; 2 usage or configuration
 error; 3 ``run``/``watch`` ended a hung job (``--fail-fast``); 4 ``watch``: another watchdog already
-runs for this job on this node.
+runs for this job on this node. ``run`` otherwise exits with its command's status (a crash dtwatch
+diagnosed keeps it).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import socket
 import sys
 import tempfile
 
-EPILOG = "Documentation: README.md (quickstart, metrics, runbook). Exit codes: 0 ok, 1 problem found, 2 usage error, 3 hung job ended by --fail-fast."
+EPILOG = ("Documentation: README.md (quickstart, metrics, runbook). Exit codes: 0 ok, 1 problem found, 2 usage error, "
+          "3 hung job ended by --fail-fast; `run` otherwise exits with its command's status.")
 
 
 class SettingError(ValueError):
@@ -32,6 +34,15 @@ def _env_float(name: str, default: float | None, low: float, high: float) -> flo
     if not low <= value <= high:
         raise SettingError(f"{name}={raw!r} is out of range; allowed: seconds from {low:g} to {high:g}")
     return value
+
+
+def _env_choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in allowed:
+        raise SettingError(f"{name}={raw!r} is not allowed; allowed: {', '.join(allowed)}")
+    return raw
 
 
 def _env_bool(name: str) -> bool:
@@ -89,7 +100,15 @@ def _add_watch_options(p: argparse.ArgumentParser, *, for_run: bool) -> None:
                         + (", `run` uses 0" if for_run else "") + ")")
     p.add_argument("--webhook", default=None, help="URL to POST a JSON alert to on a stall (env DTWATCH_WEBHOOK)")
     p.add_argument("--fail-fast", action="store_true", default=None,
-                   help="after writing the diagnosis, terminate the node's ranks so the job fails now (env DTWATCH_FAIL_FAST=1)")
+                   help="after writing the diagnosis, end the node's ranks and every process they started (DataLoader "
+                        "workers, subprocesses): SIGTERM, then SIGKILL after --fail-fast-grace, so the job fails now "
+                        "(env DTWATCH_FAIL_FAST=1)")
+    p.add_argument("--fail-fast-grace", type=_seconds(0, 600), default=None,
+                   help="seconds between SIGTERM and SIGKILL for --fail-fast (default 5)")
+    p.add_argument("--console", choices=("auto", "stderr", "off"), default=None,
+                   help="where diagnoses and warnings are shown, once each: auto = the stderr of a live local rank "
+                        "(torchrun's console; the trainer's log in a Kubernetes pod), stderr = the watchdog's own, "
+                        "off (env DTWATCH_CONSOLE; default auto" + (", `run` uses stderr: its terminal" if for_run else "") + ")")
     p.add_argument("--otlp-endpoint", default=None, help="OTLP endpoint for spans/metrics (default: OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--no-pyspy", action="store_true", help="do not run py-spy on a stall (faulthandler stacks only)")
 
@@ -123,7 +142,10 @@ def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
         fail_fast=bool(args.fail_fast) or _env_bool("DTWATCH_FAIL_FAST"),
         otlp_endpoint=args.otlp_endpoint or "",
         pyspy=not args.no_pyspy,
+        console=args.console or _env_choice("DTWATCH_CONSOLE", ("auto", "stderr", "off"), "stderr" if for_run else "auto"),
     )
+    if args.fail_fast_grace is not None:
+        opts["fail_fast_grace"] = args.fail_fast_grace
     if args.window_floor is not None:
         opts["window_floor"] = args.window_floor
     if args.window_ceiling is not None:
@@ -134,6 +156,8 @@ def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
     opts["store"] = args.store if args.store is not None else os.environ.get("DTWATCH_STORE", "")
     idle = args.idle_exit if args.idle_exit is not None else _env_float("DTWATCH_IDLE_EXIT", 30.0, 0, 86400 * 365)
     opts["idle_exit"] = idle
+    opts["rank_wait"] = args.rank_wait if args.rank_wait is not None else _env_float("DTWATCH_RANK_WAIT", 3600.0, 0, 86400 * 365)
+    opts["exit_with_launcher"] = args.exit_with_launcher
     opts["poll_interval"] = args.poll_interval
     return WatchOptions(**opts)
 
@@ -170,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         watch_args += ["--otlp-endpoint", opts["otlp_endpoint"]]
     if not opts["pyspy"]:
         watch_args.append("--no-pyspy")
+    watch_args += ["--console", opts["console"]]
+    if "fail_fast_grace" in opts:
+        watch_args += ["--fail-fast-grace", str(opts["fail_fast_grace"])]
     watch_args += ["--idle-exit", "3"]
     return run(command, dir=opts["dir"], job_id=opts["job_id"], watch_args=watch_args)
 
@@ -187,7 +214,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if not result.states:
         print("dtwatch analyze: no rings or bundles found under " + ", ".join(args.paths), file=sys.stderr)
         return 2
-    text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings)
+    text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings,
+                       verdict=result.verdict, live_warnings=result.live_warnings)
     if args.svg or args.html:
         svg = render_svg(result.states, result.findings, now=result.now)
         if args.svg:
@@ -240,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(env DTWATCH_STORE; default: MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--idle-exit", type=_seconds(0, 86400 * 365), default=None,
                    help="exit when all ranks are gone and nothing new appeared for this many seconds; 0 = never (env DTWATCH_IDLE_EXIT; default 30)")
+    p.add_argument("--rank-wait", type=_seconds(0, 86400 * 365), default=None,
+                   help="exit if no rank has appeared this many seconds after start; 0 = wait forever (env DTWATCH_RANK_WAIT; "
+                        "default 3600, longer than torch's 30-minute rendezvous timeout)")
+    p.add_argument("--exit-with-launcher", action="store_true",
+                   help="stdin is a pipe held open by the launcher (`dtwatch run` does this): once it closes, because the "
+                        "command ended or the launcher died (even by SIGKILL), exit as soon as no rank of this node is alive")
+    p.add_argument("--log-file", default=None, help="write the watchdog's log to this file instead of stderr")
     p.add_argument("--poll-interval", type=_seconds(0.05, 60), default=1.0, help="seconds between looks at the rings (default 1)")
     p.set_defaults(func=cmd_watch)
 
@@ -282,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) or args.verb == "watch" else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(message)s")
+                        format="%(asctime)s %(levelname)s %(message)s", filename=getattr(args, "log_file", None))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -92,6 +92,12 @@ class Recorder:
         self.prev_excepthook: Any = None
         self.excepthook: Any = None
         self.lock = threading.Lock()
+        self.attach_lock = threading.RLock()  # attach() runs from the main thread, torch's init, or the poll
+        self.attaching = False
+        self.failed_pg: Any = None  # the default group whose ring could not be created (not retried)
+        self.probe: Any = None  # _UnattachedProbe while no ring exists
+        self.poll: Any = None  # _DefaultGroupPoll while no ring exists
+        self.stopped = threading.Event()  # set by uninstall()
 
     # -- failure policy -----------------------------------------------------------------------------
     def fail(self, what: str, exc: BaseException | None = None) -> None:
@@ -103,34 +109,60 @@ class Recorder:
 
     # -- ring and groups (cold path) ------------------------------------------------------------------
     def attach(self) -> None:
-        """Create this rank's ring once the default process group exists (again after a re-init)."""
+        """Create this rank's ring once the default process group exists (again after a re-init).
+
+        Called however that group came to be: from torch's own ``_update_default_pg`` (every
+        ``init_process_group``, under any name it was imported by: ``init_device_mesh``, Lightning,
+        Accelerate, DeepSpeed), from ``init_process_group``'s wrapper, on the first use of
+        ``torch.distributed`` while no ring exists, from a background poll, and from ``install()``.
+        Idempotent and thread-safe.
+        """
         if self.mm is not None or not dist.is_available() or not dist.is_initialized():
             return
+        with self.attach_lock:
+            if self.mm is not None or self.stopped.is_set() or self.attaching:
+                return  # attaching: re-entered through torch.distributed calls made while attaching
+            self.attaching = True
+            try:
+                self._attach_locked()
+            finally:
+                self.attaching = False
+
+    def _attach_locked(self) -> None:
         old = self.ring  # the default group was destroyed and created again: start a fresh ring
+        pg = dist.distributed_c10d._get_default_group()
+        if pg is self.failed_pg:
+            return
+        path = "?"
         try:
-            pg = dist.distributed_c10d._get_default_group()
-            rank, world = dist.get_rank(), dist.get_world_size()
+            rank, world = pg.rank(), pg.size()
+            path = os.path.join(self.run_dir, ring_filename(rank))
             local_rank = int(os.environ.get("LOCAL_RANK", rank))
             device_index, gpu_uuid = _device_identity()
             ring = RingWriter(
-                os.path.join(self.run_dir, ring_filename(rank)), rank=rank, local_rank=local_rank,
+                path, rank=rank, local_rank=local_rank,
                 world_size=world, job_id=os.path.basename(self.run_dir), host=self.host,
-                backend=str(dist.get_backend()), torch_version=torch.__version__,
+                backend=_backend_name(pg), torch_version=torch.__version__,
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
                 device_index=device_index, gpu_uuid=gpu_uuid, capacity=self.config.ring_records,
             )
         except Exception as exc:  # noqa: BLE001 - any failure here must stay out of training
-            self.fail("creating the ring", exc)
+            self.failed_pg = pg
+            self.fail(f"creating this rank's ring {path} (this process is not watched by dtwatch)", exc)
             return
         if old is not None:
             old.close()
         self.sites = SiteTable(ring.add_site)
         self.site_positions = self.sites.positions  # read by the wrappers' fast path
         self.loader_index = {}
-        self.mm, self.records_off, self.capacity = ring.mm, ring.records_off, ring.capacity
+        self.records_off, self.capacity = ring.records_off, ring.capacity
         self.ring = ring
         self.default_pg = pg
         self.register_group(pg)
+        # Published last: a wrapper that sees ``mm`` set finds everything else in place (the poll thread
+        # may attach while the main thread calls a collective).
+        self.mm = ring.mm
+        self._stop_watching_for_group()
         self._install_stack_dump()
         if self.config.allow_ptrace:
             _allow_ptrace(self)
@@ -142,6 +174,23 @@ class Recorder:
             from .launcher import start_watchdog_async
 
             start_watchdog_async(self.run_dir, self.host, self.config.watchdog_args)
+
+    def watch_for_group(self) -> None:
+        """While no ring exists: attach on the first use of torch.distributed and from a 0.5 s poll."""
+        if self.mm is not None or self.stopped.is_set():
+            return
+        with self.attach_lock:
+            if self.probe is None:
+                self.probe = _UnattachedProbe.install(self)
+            if self.poll is None or not self.poll.is_alive():
+                self.poll = _DefaultGroupPoll(self)
+                self.poll.start()
+
+    def _stop_watching_for_group(self) -> None:
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            probe.remove()
+        # The poll thread sees ``mm`` set (or ``stopped``) and ends by itself.
 
     def detach(self) -> None:
         """Stop recording (default group destroyed, or uninstall); the ring keeps its last state."""
@@ -170,7 +219,10 @@ class Recorder:
                 members = list(dist.get_process_group_ranks(pg))
                 group_rank = dist.get_rank(pg)
             except Exception:
-                members, group_rank = None, -1
+                if pg is self.default_pg:  # attached from inside init_process_group, before torch lists its ranks
+                    members, group_rank = list(range(pg.size())), pg.rank()
+                else:
+                    members, group_rank = None, -1
             desc = str(getattr(pg, "group_desc", "") or "")
             slot = self.ring.add_group(_group_name(pg), desc, members, group_rank) if self.ring else -1
             entry = (slot if slot >= 0 else NO_GROUP, seqfn)
@@ -267,6 +319,7 @@ class Recorder:
 
     # -- process end -------------------------------------------------------------------------------
     def on_exit(self) -> None:
+        self.stopped.set()  # no attaching while the interpreter shuts down
         sampler = self.sampler
         if sampler is not None:
             try:
@@ -353,6 +406,105 @@ def _device_identity() -> tuple[int, str]:
     except Exception:
         pass
     return -1, ""
+
+
+def _backend_name(pg: Any) -> str:
+    try:
+        return str(dist.get_backend(pg))
+    except Exception:  # noqa: BLE001 - torch has not registered the group yet (inside init_process_group)
+        try:
+            return str(pg.name())
+        except Exception:  # noqa: BLE001
+            return "?"
+
+
+class _UnattachedProbe:
+    """Sees every use of ``torch.distributed`` while this process has no ring, and nothing once it has one.
+
+    It wraps c10d's ``_rank_not_in_group``, which every collective (and ``get_rank(group)``) calls first,
+    and is removed as soon as the ring exists, so it costs attached training nothing. On a call it
+    attaches if a default process group exists by now (however it was created); if collectives run on
+    a group while there is no default group (a ``ProcessGroup`` constructed directly), it says once
+    that this process is not watched, and why.
+    """
+
+    NAME = "_rank_not_in_group"
+
+    def __init__(self, rec: Recorder, original: Callable) -> None:
+        self.rec, self.original = rec, original
+        self.wrapper: Callable | None = None
+        self.warned = False
+
+    @classmethod
+    def install(cls, rec: Recorder) -> "_UnattachedProbe | None":
+        c10d = dist.distributed_c10d
+        original = getattr(c10d, cls.NAME, None)
+        if original is None or getattr(original, "__dtwatch_probe__", False):
+            return None  # another torch: the poll thread still attaches
+        probe = cls(rec, original)
+
+        @functools.wraps(original)
+        def _rank_not_in_group(group: Any) -> bool:
+            probe.seen(group)
+            return original(group)
+
+        _rank_not_in_group.__dtwatch_probe__ = True  # type: ignore[attr-defined]
+        probe.wrapper = _rank_not_in_group
+        setattr(c10d, cls.NAME, _rank_not_in_group)
+        return probe
+
+    def seen(self, group: Any) -> None:
+        rec = self.rec
+        try:
+            if rec.mm is not None:
+                return
+            if dist.is_initialized():
+                rec.attach()
+            elif group is not None and not self.warned:
+                self.warned = True
+                warnings.warn(
+                    "dtwatch: torch.distributed is used on a process group while no default process group "
+                    "exists (the group was constructed directly, not by init_process_group or "
+                    "init_device_mesh); dtwatch records a job once its default process group exists, so "
+                    "this process is not watched", RuntimeWarning, stacklevel=_caller_level())
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("attaching on first use", exc)
+
+    def remove(self) -> None:
+        c10d = dist.distributed_c10d
+        if getattr(c10d, self.NAME, None) is self.wrapper:
+            setattr(c10d, self.NAME, self.original)
+
+
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+
+
+def _caller_level() -> int:
+    """``stacklevel`` for a warning raised here that names the first frame outside torch and dtwatch."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class _DefaultGroupPoll(threading.Thread):
+    """Attaches within ``INTERVAL`` of the default group appearing, for jobs that never call a Python
+    collective (DDP-only: their collectives are issued from C++) on torches without the c10d hook."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__(name="dtwatch-attach", daemon=True)
+        self.rec = rec
+
+    def run(self) -> None:
+        rec = self.rec
+        while rec.mm is None and not rec.stopped.wait(self.INTERVAL):
+            try:
+                rec.attach()
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("attaching from the poll", exc)
+                return
 
 
 def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
@@ -521,6 +673,7 @@ def install(**options: Any) -> bool:
         atexit.register(rec.on_exit)
         _ACTIVE = rec
         rec.attach()  # no-op until the default process group exists
+        rec.watch_for_group()  # no-op once attached
         return True
 
 
@@ -531,6 +684,8 @@ def uninstall() -> bool:
         rec = _ACTIVE
         if rec is None:
             return False
+        rec.stopped.set()
+        rec._stop_watching_for_group()
         for owner, attr, original, wrapper in reversed(rec.patched):
             if getattr(owner, attr, None) is wrapper:
                 setattr(owner, attr, original)
@@ -583,9 +738,18 @@ def _apply_env(rec: Recorder) -> None:
 
 
 def _patch_lifecycle(rec: Recorder) -> None:
+    """Attach when the default process group appears and detach when it goes, by whatever route.
+
+    ``_update_default_pg`` is the c10d function every creation and destruction of the default group
+    passes through, called by its module-global name, so hooking it covers callers that imported
+    ``init_process_group`` by name before dtwatch was installed (``torch.distributed.device_mesh``).
+    The public ``init_process_group`` / ``destroy_process_group`` are wrapped as well: on a torch
+    without that hook they are the route, and ``destroy`` must stop the sampler before the groups go.
+    """
     c10d = dist.distributed_c10d
     init_original = c10d.init_process_group
     destroy_original = c10d.destroy_process_group
+    update_original = getattr(c10d, "_update_default_pg", None)
 
     @functools.wraps(init_original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -606,13 +770,35 @@ def _patch_lifecycle(rec: Recorder) -> None:
                 entry = rec.groups.pop(group, None)
                 if entry is not None:
                     rec.group_list = [g for g in rec.group_list if g[1] is not group]
-        return destroy_original(*args, **kwargs)
+        result = destroy_original(*args, **kwargs)
+        try:
+            rec.watch_for_group()  # a job may create its default group again
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("watching for a new process group", exc)
+        return result
 
     for owner in (c10d, dist):
         if getattr(owner, "init_process_group", None) is init_original:
             _patch(rec, owner, "init_process_group", init_process_group)
         if getattr(owner, "destroy_process_group", None) is destroy_original:
             _patch(rec, owner, "destroy_process_group", destroy_process_group)
+
+    if update_original is not None:
+        @functools.wraps(update_original)
+        def _update_default_pg(pg: Any) -> Any:
+            result = update_original(pg)
+            try:
+                if pg is not rec.default_pg and rec.mm is not None:
+                    rec.detach()  # destroyed, or replaced (shrink): the old group's ring ends here
+                if pg is None:
+                    rec.watch_for_group()
+                else:
+                    rec.attach()
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("following the default process group", exc)
+            return result
+
+        _patch(rec, c10d, "_update_default_pg", _update_default_pg)
 
 
 def _patch_iteration(rec: Recorder) -> None:

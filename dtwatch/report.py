@@ -1,12 +1,16 @@
 """The human report: findings first, then every rank's state, then where the evidence is."""
 from __future__ import annotations
 
+import time
+
 from .diagnose import Finding, fmt_site, with_source
 from .state import RankState
 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
-                warnings: list[Finding] | None = None) -> str:
+                warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0) -> str:
+    """``verdict``: what the incident was called ("crash" / "stall"; default stall); ``live_warnings``: how many
+    of ``warnings`` (the first ones) the watchdog issued while the job ran."""
     out: list[str] = []
     stalls = [f for f in findings if f.severity == "stall"]
     warns = [f for f in findings if f.severity != "stall"] + list(warnings or [])
@@ -14,7 +18,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
     out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen")
     out.append("")
     if stalls:
-        out.append("STALL")
+        out.append((verdict or "stall").upper())
         for f in stalls:
             out.append(f"  [{f.kind}] {f.summary}")
             if f.site:
@@ -28,8 +32,12 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
     if warns:
         out.append("")
         out.append("WARNINGS")
-        for f in warns:
-            out.append(f"  [{f.kind}] {f.summary}")
+        first_live = len(warns) - len(list(warnings or []))  # findings' own warnings come first
+        for i, f in enumerate(warns):
+            live = first_live <= i < first_live + live_warnings
+            when = f" (issued by the watchdog at {time.strftime('%H:%M:%S', time.localtime(f.detected))})" \
+                if live and f.detected else ""
+            out.append(f"  [{f.kind}] {f.summary}{when}")
     out.append("")
     out.append("RANKS")
     for s in sorted(states, key=lambda s: s.rank):

@@ -3,6 +3,12 @@
 It starts the node watchdog, then runs COMMAND with a ``sitecustomize`` on ``PYTHONPATH`` that installs
 dtwatch in every Python process that has a ``RANK`` (every torchrun worker), before the script's
 first line. Another ``sitecustomize`` already on the path still runs after ours.
+
+The watchdog shares this terminal: it shows a diagnosis there once, as soon as it is made (its log
+goes to ``<run dir>/watchdog-<node>.log``). It holds the read end of a pipe whose write end only this
+process has, so it learns that the command ended, or that this process died (even by SIGKILL), and
+exits once the node's ranks are gone. The exit status is the command's, except 3 when dtwatch ended a
+hung job (``--fail-fast``); a crash dtwatch diagnosed keeps the command's status.
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from .diagnose import Finding
+from .notice import render_notice
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
 EXIT_STALL = 3  # the job was ended by dtwatch --fail-fast after a diagnosed stall
@@ -37,9 +46,13 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
         pass
     watch_env = {k: v for k, v in env.items() if k not in ("DTWATCH_BOOTSTRAP",)}
     watch_env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    log_file = os.path.join(run_dir, f"watchdog-{node}.log")
+    # Its own session: a Ctrl-C meant for the job does not cut the diagnosis short. Its stdin is the
+    # lifeline (see the module docstring); its stderr is this terminal, for the diagnosis.
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "dtwatch", "watch", "--dir", dir, "--job-id", job_id, "--node", node, *watch_args],
-        env=watch_env, start_new_session=True,
+        [sys.executable, "-m", "dtwatch", "watch", "--dir", dir, "--job-id", job_id, "--node", node,
+         "--exit-with-launcher", "--log-file", log_file, *watch_args],
+        env=watch_env, start_new_session=True, stdin=subprocess.PIPE,
     ) if own_watchdog else None
     deadline = time.monotonic() + ready_timeout
     while watchdog is not None and not os.path.exists(ready_file):
@@ -50,7 +63,8 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
             print(f"dtwatch: the watchdog was not ready within {ready_timeout:.0f}s; running without it", file=sys.stderr)
             break
         time.sleep(0.05)
-    print(f"dtwatch: job {job_id}: run directory {run_dir}", file=sys.stderr, flush=True)
+    print(f"dtwatch: job {job_id}: run directory {run_dir}"
+          + (f" (watchdog log: {log_file})" if watchdog is not None else ""), file=sys.stderr, flush=True)
 
     child = subprocess.Popen(command, env=env)
     forwarded = {}
@@ -69,20 +83,55 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
         for sig, old in forwarded.items():
             signal.signal(sig, old)
     wcode = _finish_watchdog(watchdog) if watchdog is not None else 0
-    incidents = sorted(Path(run_dir, "incidents").glob("*/*/index.json"))
-    for index in incidents:
-        data = json.loads(index.read_text())
-        for f in data.get("findings", []):
-            if f.get("severity") == "stall":
-                print(f"dtwatch: [{f['kind']}] {f['summary']}", file=sys.stderr)
-        print(f"dtwatch: incident bundle {index.parent}  (dtwatch analyze {run_dir})", file=sys.stderr)
+    return _conclude(run_dir, node, command, code, wcode)
+
+
+def _conclude(run_dir: str, node: str, command: list[str], code: int, wcode: int) -> int:
+    """One closing line (verdict, exit status, bundle); the diagnosis itself only if the watchdog could
+    not show it while the job ran."""
+    incidents = _incidents(run_dir, node)
+    for event in incidents:
+        if not event.get("shown_on"):
+            findings = [Finding.from_dict(f) for f in event.get("findings", [])]
+            if findings:
+                sys.stderr.write(render_notice(event.get("verdict", "stall"), findings, bundle=event.get("bundle", "?"),
+                                               run_dir=run_dir))
+    name = os.path.basename(command[0]) if command else "the command"
+    last = incidents[-1] if incidents else None
+    where = f"; bundle {last.get('bundle')} (dtwatch analyze {run_dir})" if last else ""
     if wcode == EXIT_STALL:
+        print(f"dtwatch: the job hung and --fail-fast ended it: exit status {EXIT_STALL} ({name} exited with {code}){where}",
+              file=sys.stderr)
         return EXIT_STALL
+    if last is not None:
+        print(f"dtwatch: {str(last.get('verdict', 'stall')).upper()} diagnosed; {name} exited with status {code}{where}",
+              file=sys.stderr)
     return code
 
 
+def _incidents(run_dir: str, node: str) -> list[dict]:
+    """The incidents this node's watchdog opened, from its events file."""
+    out = []
+    try:
+        lines = Path(run_dir, f"events-{node}.jsonl").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "stall":
+            out.append(event)
+    return out
+
+
 def _finish_watchdog(watchdog: subprocess.Popen) -> int:
-    """Give the watchdog time to finish an incident's evidence and notice the job is over."""
+    """Tell the watchdog the command ended; give it time to finish an incident's evidence."""
+    try:
+        watchdog.stdin.close()
+    except (OSError, AttributeError):
+        pass
     try:
         return watchdog.wait(timeout=30)
     except subprocess.TimeoutExpired:

@@ -4,7 +4,12 @@ It must keep working while a rank is wedged, so it never talks to the training p
 reading their rings (shared memory), sending the faulthandler signal, running py-spy, and raising the
 Flight Recorder dump flag in a ring. One runs per job per node (an exclusive lock in the run
 directory); it starts with a ready handshake (``watchdog-<node>.json`` appears once it serves) and
-exits when its job is over (all ranks gone and nothing new for ``idle_exit`` seconds).
+exits when its job is over (all ranks gone and nothing new for ``idle_exit`` seconds), when its
+launcher has ended and no rank of this node is alive (``exit_with_launcher``), or when no rank has
+appeared within ``rank_wait`` seconds.
+
+What it finds is shown on the job's console (see :mod:`dtwatch.console`) once per incident and once
+per warning, and logged in full to its own log.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +33,10 @@ from .diagnose import (
     EntryLags, FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings,
 )
 from .diagnose.evidence import main_thread_frames
+from .console import show
 from .launcher import lock_path
+from .notice import STALL, render_fail_fast, render_notice, render_warning, verdict
+from .proctree import identity, parent_pid, running, terminate_trees, tree
 from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
 from .stacks import faulthandler_dump, process_ending, pyspy_dump
 from .state import RankState, from_snapshot
@@ -62,6 +71,16 @@ class WatchOptions:
     """HOST:PORT of the job's c10d store for cross-node comparison; "" = from MASTER_ADDR/PORT; "none" = off."""
     idle_exit: float = 30.0
     """Exit when all ranks are gone and nothing new appeared for this long; 0 = never."""
+    rank_wait: float = 3600.0
+    """Exit if no rank has appeared this long after start; 0 = wait forever. The default outlasts torch's
+    30-minute rendezvous timeout: a ring appears only once the default process group exists."""
+    exit_with_launcher: bool = False
+    """Standard input is a pipe held by the launcher (``dtwatch run``): once it closes (the command ended,
+    or the launcher died, even by SIGKILL), exit as soon as no rank of this node is alive."""
+    console: str = "auto"
+    """Where diagnoses and warnings are shown: ``auto`` (a live local rank's stderr), ``stderr`` (ours), ``off``."""
+    fail_fast_grace: float = 5.0
+    """Seconds between SIGTERM and SIGKILL when --fail-fast ends the ranks and the processes they started."""
     pyspy: bool = True
     otlp_endpoint: str = ""
     heartbeat_stale: float | None = None
@@ -124,6 +143,9 @@ class Watchdog:
         self.metrics_server = None
         self.gpu = None
         self.last_view: NodeView | None = None
+        self.parents: dict[int, int] = {}  # rank -> its parent (launcher) when first seen
+        self.console_failed = False
+        self.launcher_gone = threading.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def acquire_lock(self) -> bool:
@@ -221,6 +243,8 @@ class Watchdog:
             except ValueError:
                 pass  # not the main thread (tests)
         self.start_services()
+        if self.opts.exit_with_launcher:
+            threading.Thread(target=self.watch_launcher, name="dtwatch-lifeline", daemon=True).start()
         log.info("dtwatch: watching %s on %s", self.run_dir, self.opts.node)
         try:
             while not self.stop_event.is_set():
@@ -237,6 +261,15 @@ class Watchdog:
         finally:
             self.shutdown()
         return EXIT_FAILED_FAST if self.failed_fast else EXIT_OK
+
+    def watch_launcher(self) -> None:
+        """Block on stdin until the launcher closes it (or dies): then the job is over for us."""
+        try:
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        self.launcher_gone.set()  # the next poll acts on it
 
     def shutdown(self) -> None:
         for exp in self.exporters:
@@ -267,6 +300,10 @@ class Watchdog:
                 self.restarts[snap.rank] = self.restarts.get(snap.rank, 0) + 1
                 self.processed[snap.rank] = 0
                 self.in_flight[snap.rank] = set()
+            if old != ident:
+                ppid = parent_pid(snap.pid)
+                if ppid is not None:
+                    self.parents[snap.rank] = ppid
             self.identity[snap.rank] = ident
             snaps[snap.rank] = snap
         return snaps
@@ -292,7 +329,7 @@ class Watchdog:
             if states else None
         if self.incident is None and result is not None and result.stalled and result.findings:
             onset = min((f.onset for f in result.findings if f.onset), default=result.check.last_progress)
-            self.open_incident(states, result.findings, now, snaps, onset=onset)
+            self.open_incident(states, result.findings, now, snaps, onset=onset, from_exits=result.ended)
         elif self.incident is not None and self.incident["evidence_done"] and result is not None \
                 and not result.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
             self.close_incident(now)  # progress after the diagnosis (e.g. the ranks were restarted)
@@ -306,6 +343,14 @@ class Watchdog:
         if self.opts.idle_exit and self.ever_saw_ranks and all(s.gone for s in local) and \
                 now - self.last_seen_activity > self.opts.idle_exit and self.incident_idle():
             log.info("dtwatch: all ranks of %s are gone; watchdog exiting", self.opts.job_id)
+            return True
+        if self.launcher_gone.is_set() and all(s.gone for s in local) and self.incident_idle():
+            log.info("dtwatch: the launcher has ended and no rank of %s is alive on this node; watchdog exiting",
+                     self.opts.job_id)
+            return True
+        if self.opts.rank_wait and not self.ever_saw_ranks and now - self.health.started > self.opts.rank_wait:
+            log.warning("dtwatch: no rank of %s appeared in %s within %.0f s (--rank-wait); watchdog exiting",
+                        self.opts.job_id, self.run_dir, self.opts.rank_wait)
             return True
         return False
 
@@ -387,6 +432,7 @@ class Watchdog:
             self.warnings.append(f)
             self.count_finding(f)
             log.warning("dtwatch WARNING [%s]: %s", f.kind, f.summary)
+            self.show(render_warning(f), what=f"the {f.kind} warning")
             self.append_event({"event": "warning", **f.to_dict()})
             if self.webhook is not None:
                 self.webhook.send(self.alert_payload("warning", [f]))
@@ -402,10 +448,32 @@ class Watchdog:
         except OSError:
             self.error("events")
 
+    def show(self, text: str, *, what: str) -> str | None:
+        """Put ``text`` on the job's console; returns where, or None (then one warning in our log)."""
+        candidates = [self.identity[r][0] for r in sorted(self.identity, key=self._local_rank_order)
+                      if running(self.identity[r][0])]
+        candidates += [p for p in dict.fromkeys(self.parents.values()) if p > 1 and running(p)]
+        done = show(text, self.opts.console, candidates)
+        if done.ok:
+            log.info("dtwatch: showed %s on the console (%s)", what, done.where)
+            return done.where
+        if self.opts.console != "off" and not self.console_failed:
+            self.console_failed = True
+            log.warning("dtwatch: could not show %s on the job's console: %s (it is in this log and the bundle)",
+                        what, done.error)
+        self.error("console")
+        return None
+
+    def _local_rank_order(self, rank: int) -> tuple:
+        view = self.last_view
+        local = {s.rank: s.local_rank for s in view.local} if view is not None else {}
+        return (local.get(rank, rank), rank)
+
     def alert_payload(self, status: str, findings: list[Finding]) -> dict:
         return {
             "source": "dtwatch", "status": status, "job_id": self.opts.job_id, "node": self.opts.node,
             "incident_id": self.incident["id"] if self.incident else None,
+            "verdict": self.incident["verdict"] if self.incident else None,
             "bundle": str(self.incident["bundle"].path) if self.incident else None,
             "summary": findings[0].summary if findings else "",
             "findings": [f.to_dict() for f in findings],
@@ -413,26 +481,29 @@ class Watchdog:
 
     # -- incidents ------------------------------------------------------------------------------------
     def open_incident(self, states: list[RankState], findings: list[Finding], now: float,
-                      snaps: dict[int, RankSnapshot], onset: float) -> None:
+                      snaps: dict[int, RankSnapshot], onset: float, from_exits: bool = False) -> None:
         inc = incident_id(findings[0], states)
         bundle = Bundle(self.run_dir, inc, self.opts.node)
         local = [s for s in states if s.rank in snaps]
+        kind = verdict(findings, states, from_exits=from_exits)
         bundle.write_findings(findings, states, {
             "job_id": self.opts.job_id, "window": self.window.value, "onset": onset,
-            "detected": now, "local_ranks": sorted(snaps), "world_size": states[0].world_size,
+            "detected": now, "local_ranks": sorted(snaps), "world_size": states[0].world_size, "verdict": kind,
         })
         from .report import render_text
 
-        bundle.add_text("report.txt", render_text(findings, states, now=now))
+        bundle.add_text("report.txt", render_text(findings, states, now=now, verdict=kind))
         self.incident = {"id": inc, "bundle": bundle, "findings": findings, "onset": onset,
-                         "detected": now, "evidence_done": False}
+                         "detected": now, "evidence_done": False, "verdict": kind}
         self.incidents_total += 1
         for f in findings:
             self.count_finding(f)
-            log.error("dtwatch STALL [%s]: %s", f.kind, f.summary)
-        print(f"dtwatch: STALL diagnosed — {findings[0].summary}\n  bundle: {bundle.path}", flush=True)
-        self.append_event({"event": "stall", "incident_id": inc, "bundle": str(bundle.path),
-                           "findings": [f.to_dict() for f in findings]})
+            log.error("dtwatch %s [%s]: %s", kind.upper(), f.kind, f.summary)
+        shown = self.show(render_notice(kind, findings, bundle=str(bundle.path), run_dir=self.run_dir),
+                          what="the diagnosis")
+        # "stall" is the event of every incident (a crash is an incident too); "verdict" says which it is.
+        self.append_event({"event": "stall", "verdict": kind, "incident_id": inc, "bundle": str(bundle.path),
+                           "shown_on": shown, "findings": [f.to_dict() for f in findings]})
         if self.webhook is not None:
             self.webhook.send(self.alert_payload("stall", findings))
         threading.Thread(target=self.collect_evidence, args=(states, local, snaps), name="dtwatch-evidence",
@@ -480,7 +551,8 @@ class Watchdog:
                 log.debug("dtwatch: timeline failed: %r", exc)
             from .report import render_text
 
-            bundle.add_text("report.txt", render_text(findings, states, now=inc["detected"], bundle_dir=str(bundle.path)))
+            bundle.add_text("report.txt", render_text(findings, states, now=inc["detected"], bundle_dir=str(bundle.path),
+                                                      verdict=inc.get("verdict")))
             bundle.add_json("findings.json", [f.to_dict() for f in findings])
             bundle.write_index(findings, complete=True)
         except Exception as exc:  # noqa: BLE001
@@ -537,20 +609,27 @@ class Watchdog:
         return results
 
     def fail_fast(self, local: list[RankState]) -> None:
-        """End the job so torchrun / Kubernetes can restart it instead of waiting out the timeout."""
-        self.failed_fast = True
-        pids = [s.pid for s in local if s.alive]
-        log.error("dtwatch: --fail-fast: terminating this node's ranks %s", [s.rank for s in local if s.alive])
-        print(f"dtwatch: --fail-fast: terminating ranks {[s.rank for s in local if s.alive]} (pids {pids})", flush=True)
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
-            deadline = time.time() + wait
-            while wait and time.time() < deadline and any(_alive(p) for p in pids):
-                time.sleep(0.1)
+        """End this node's ranks and everything they started, so torchrun / Kubernetes can restart the job
+        instead of waiting out the timeout. Only ending a stall counts as "dtwatch ended the job" (exit 3):
+        after a crash the launcher's own status stands."""
+        live = [s for s in local if running(s.pid) and self.identity.get(s.rank, (s.pid,))[0] == s.pid]
+        if not live:
+            log.info("dtwatch: --fail-fast: no rank of this node is alive any more; nothing to end")
+            return
+        ranks = [s.rank for s in live]
+        started = len(tree([p for p in (identity(s.pid) for s in live) if p is not None], frozenset({os.getpid()}))) - len(live)
+        log.error("dtwatch: --fail-fast: terminating this node's ranks %s and their descendants", ranks)
+        self.show(render_fail_fast(ranks, max(started, 0)), what="the --fail-fast notice")
+        done = terminate_trees([s.pid for s in live], grace=self.opts.fail_fast_grace)
+        if not done.roots:
+            return
+        if self.incident is not None and self.incident.get("verdict") == STALL:
+            self.failed_fast = True
+        log.error("dtwatch: --fail-fast: ended ranks %s (pids %s) and %d descendant(s) %s; SIGKILL needed for %s%s",
+                  ranks, done.roots, len(done.descendants), done.descendants, done.killed or "none",
+                  f"; STILL ALIVE: {done.survivors}" if done.survivors else "")
+        self.append_event({"event": "fail_fast", "ranks": ranks, "pids": done.roots, "descendants": done.descendants,
+                           "killed": done.killed, "survivors": done.survivors})
 
     def close_incident(self, now: float) -> None:
         inc = self.incident
@@ -594,14 +673,6 @@ class Watchdog:
         health.poll_seconds = []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except OSError:
-        return False
 
 
 def _atomic_json(path: str, data: dict) -> None:

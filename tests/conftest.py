@@ -126,7 +126,7 @@ class Job:
 
 @pytest.fixture
 def torchrun(tmp_path):
-    """``torchrun(script, nproc, env={...}, wait=True, timeout=120) -> Job``: a real gloo job on this host.
+    """``torchrun(script, nproc, env={...}, wait=True, timeout=120, args=[...]) -> Job``: a real gloo job on this host.
 
     Workers get ``DTWATCH_DIR``/``DTWATCH_JOB_ID`` (a fresh run directory), ``DTWATCH_WATCHDOG=off`` and
     ``REC_OUT`` (a directory for their results). With ``wait=True`` the job must exit 0. Every job is
@@ -134,7 +134,8 @@ def torchrun(tmp_path):
     """
     jobs: list[Job] = []
 
-    def launch(script: str, nproc: int, *, env: dict | None = None, wait: bool = True, timeout: float = 120) -> Job:
+    def launch(script: str, nproc: int, *, env: dict | None = None, wait: bool = True, timeout: float = 120,
+               args: list[str] | None = None) -> Job:
         path = SCRIPTS / script
         job_id = f"{path.stem}-{uuid.uuid4().hex[:8]}"
         root = tmp_path / "dtwatch"
@@ -148,7 +149,7 @@ def torchrun(tmp_path):
         child_env.update(env or {})
         log = tmp_path / f"{job_id}.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "--monitor-interval=0.1", str(path)]
+               "--monitor-interval=0.1", str(path), *(args or [])]
         with open(log, "wb") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env, cwd=tmp_path)
         job = Job(path, proc, root / job_id, out, log)

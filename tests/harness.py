@@ -117,6 +117,24 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             pass
 
 
+def job_processes(job_id: str) -> dict[int, str]:
+    """Live processes (pid -> command line) whose environment carries ``DTWATCH_JOB_ID=job_id``: every
+    process of a job launched here (launcher, ranks, their workers and helpers, the watchdog)."""
+    needle = f"DTWATCH_JOB_ID={job_id}".encode() + b"\0"
+    found = {}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle not in environ.read_bytes():
+                continue
+            stat = (environ.parent / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            found[int(environ.parent.name)] = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 def _children(pid: int) -> list[int]:
     """PIDs of the live processes whose parent is ``pid``."""
     out = []

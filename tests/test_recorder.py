@@ -308,19 +308,22 @@ def test_results_identical_with_and_without_dtwatch(torchrun):
 def _patch_targets():
     targets = [(c10d, n) for n in OP_KINDS] + [(dist, n) for n in OP_KINDS if hasattr(dist, n)]
     targets += [(m, n) for m in (c10d, dist) for n in ("init_process_group", "destroy_process_group")]
-    return targets + [(DataLoader, "__iter__")]
+    return targets + [(c10d, "_update_default_pg"), (DataLoader, "__iter__")]
 
 
 def test_uninstall_restores_every_original(dtwatch_env):
     assert all(hasattr(c10d, n) for n in OP_KINDS)  # this torch has every op dtwatch knows
     targets = _patch_targets()
     before = {(id(o), n): getattr(o, n) for o, n in targets}
+    probed = c10d._rank_not_in_group
     assert dtwatch.install() is True
     for owner, name in targets:
         now = getattr(owner, name)
         assert now is not before[(id(owner), name)], name
         assert now.__wrapped__ is before[(id(owner), name)], name
+    assert c10d._rank_not_in_group.__wrapped__ is probed  # watching for a default group
     init_world1()
+    assert c10d._rank_not_in_group is probed  # attached: the probe is gone
     t = torch.ones(3)
     dist.all_reduce(t)
     assert dtwatch.uninstall() is True

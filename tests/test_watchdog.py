@@ -3,11 +3,13 @@ op and line; healthy runs with quiet gaps and a straggler raise no stall."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import pytest
 
-from tests.harness import assert_rank_conditional_finding, launch, site_line
+from tests.harness import SCRIPTS, assert_rank_conditional_finding, launch, site_line
 
 WINDOW = 4.0
 # Diagnosis must be written within the window + 2 s of the hang; CI machines are slow and loaded, so the
@@ -54,6 +56,21 @@ def test_rank_conditional_collective_in_ddp_job(tmp_path):
         fr = json.load(open(f"{bundle}/fr/rank-00000.json"))
         assert any(e["op"] == "all_reduce" and e["op_id"] == f["seq"] for e in fr["entries"])  # gloo: op_id == seq
         assert "timeline.svg" in files
+
+
+@pytest.mark.timeout(150)
+def test_tensor_parallel_job_initialised_by_init_device_mesh(tmp_path):
+    # init_device_mesh creates the default group through the init_process_group it imported by name.
+    script = SCRIPTS / "tp_mesh_hang.py"
+    with incident(tmp_path, "tp_rank_conditional", 2, script=script) as (job, index):
+        assert sorted(p.name for p in job.run_dir.glob("rank-*.ring")) == ["rank-00000.ring", "rank-00001.ring"]
+        f = stall(index)
+        assert f["kind"] == "rank_conditional"
+        assert f["ranks"] == [0] and f["op"] == "barrier"
+        assert f["site"]["file"] == str(script) and f["site"]["line"] == site_line("tp_barrier", script)
+        assert f["waiting_ranks"] == [1] and f["waiting_op"] == "all_reduce"
+        assert f["waiting_site"]["line"] == site_line("tp_metric", script)
+        assert index["detected"] - job.onset() < DEADLINE
 
 
 @pytest.mark.timeout(150)
@@ -191,5 +208,16 @@ def test_straggler_is_a_warning_not_a_stall(tmp_path):
         assert warnings, job.watchdog_log()
         assert warnings[0]["ranks"] == [2]
         assert warnings[0]["details"]["median_lag_s"]["2"] > 0.08
+        # The analyzer lists the warning the watchdog issued while the job ran, as it was issued.
+        out = subprocess.run([sys.executable, "-m", "dtwatch", "analyze", "--json", str(job.run_dir)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        listed = [w for w in json.loads(out.stdout)["warnings"] if w["kind"] == "straggler"]
+        assert len(listed) == 1 and listed[0]["issued"] == "live"
+        assert listed[0]["ranks"] == [2] and listed[0]["detected"] == warnings[0]["detected"]
+        text = subprocess.run([sys.executable, "-m", "dtwatch", "analyze", str(job.run_dir)],
+                              capture_output=True, text=True, timeout=60).stdout
+        section = text.split("WARNINGS", 1)[1]
+        assert "[straggler]" in section and "(issued by the watchdog at" in section
     finally:
         job.stop()

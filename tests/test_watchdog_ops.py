@@ -1,8 +1,11 @@
 """The watchdog in operation: across nodes through the job's c10d store, webhooks and --fail-fast,
-zero-edit `dtwatch run`, auto-start by the first rank, and torchrun restarts."""
+zero-edit `dtwatch run`, auto-start by the first rank, torchrun restarts, the diagnosis on the job's
+console, and nothing of a job left behind."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +15,40 @@ from pathlib import Path
 import pytest
 
 from tests.prom_servers import WebhookReceiver, until
-from tests.harness import SCRIPTS, WORKER, base_env, free_port, launch, site_line, start_watchdog, stop_processes
+from tests.harness import (
+    SCRIPTS, WORKER, base_env, free_port, job_processes, launch, site_line, start_watchdog, stop_processes,
+)
+from tests.test_watchdog import DEADLINE, WINDOW
+
+AUTO_WATCHDOG = "--stall-window 4 --metrics-port off --idle-exit 2 --poll-interval 0.2 --store none"
+
+
+def dtwatch_run(root: Path, job_id: str, command: list[str], *args: str) -> subprocess.Popen:
+    """``dtwatch run`` in a session of its own (so a test can end everything it started), output captured."""
+    env = base_env(root, "unused")
+    del env["DTWATCH_JOB_ID"]
+    env.pop("DTWATCH_WATCHDOG")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dtwatch", "run", "--dir", str(root), "--job-id", job_id, *args, "--", *command],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def torchrun_cmd(script: Path, *script_args: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+            "127.0.0.1", "--master-port", str(free_port()), str(script), *script_args]
+
+
+def ready_watchdog_pid(run_dir: Path, timeout: float = 30) -> int:
+    ready = run_dir / f"watchdog-{socket.gethostname()}.json"
+    until("the watchdog to be ready", lambda: ready.exists() and json.loads(ready.read_text()).get("pid"), timeout)
+    return json.loads(ready.read_text())["pid"]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 @pytest.mark.timeout(180)
@@ -51,9 +87,137 @@ def test_dtwatch_run_diagnoses_an_unmodified_script(tmp_path):
         env=env, capture_output=True, text=True, timeout=150,
     )
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "[rank_conditional] rank 0 is in barrier" in proc.stderr
-    assert f"plain_hang.py:{site_line('plain_barrier', script)}" in proc.stderr
+    # The diagnosis, once, on the terminal of `dtwatch run`, while the job hangs (before fail-fast ends it).
+    notice = [line for line in proc.stderr.splitlines() if line.startswith("dtwatch: STALL [")]
+    assert len(notice) == 1, proc.stderr[-3000:]
+    assert notice[0].startswith("dtwatch: STALL [rank_conditional] rank 0 in barrier")
+    assert f"plain_hang.py:{site_line('plain_barrier', script)}" in notice[0]
+    assert proc.stderr.index(notice[0]) < proc.stderr.index("dtwatch: --fail-fast: ending ranks 0-1")
+    bundle = next((root / "zeroedit" / "incidents").glob("*/*/index.json")).parent
+    assert f"dtwatch:   bundle: {bundle}" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3")
+    assert "watching" not in proc.stderr  # the watchdog's log is in the run directory, not on the terminal
+    assert "dtwatch: watching" in (root / "zeroedit" / f"watchdog-{socket.gethostname()}.log").read_text()
     assert sorted(p.name for p in (root / "zeroedit").glob("rank-*.ring")) == ["rank-00000.ring", "rank-00001.ring"]
+
+
+@pytest.mark.timeout(180)
+def test_dtwatch_run_keeps_the_exit_status_of_a_crash_and_calls_it_one(tmp_path):
+    # With --fail-fast: the crash is diagnosed, and dtwatch did not end the job, torchrun's teardown did.
+    root = tmp_path / "runs"
+    proc = dtwatch_run(root, "crash", torchrun_cmd(WORKER, "exception"), "--stall-window", "4", "--fail-fast")
+    try:
+        out, err = proc.communicate(timeout=150)
+    finally:
+        stop_processes([proc])
+    assert proc.returncode == 1, err[-3000:]  # torchrun's own status for a failed worker
+    notice = [line for line in err.splitlines() if line.startswith("dtwatch: CRASH [")]
+    assert len(notice) == 1 and notice[0].startswith("dtwatch: CRASH [rank_exited] rank 1 last seen in all_reduce"), err[-3000:]
+    assert "ValueError: loss is NaN on rank 1" in err.split(notice[0], 1)[1]
+    assert "STALL" not in err
+    assert err.rstrip().splitlines()[-1].startswith("dtwatch: CRASH diagnosed; python exited with status 1; bundle ")
+    index = json.loads(next((root / "crash" / "incidents").glob("*/*/index.json")).read_text())
+    assert index["verdict"] == "crash"
+    analysis = subprocess.run([sys.executable, "-m", "dtwatch", "analyze", str(root / "crash")],
+                              capture_output=True, text=True, timeout=60)
+    assert analysis.stdout.splitlines()[2] == "CRASH"
+
+
+@pytest.mark.timeout(150)
+def test_one_line_import_shows_the_diagnosis_on_torchruns_console(tmp_path):
+    # Plain torchrun, `import dtwatch.auto` in the script: local rank 0 starts the watchdog, whose own
+    # output goes to a log file; the diagnosis must still reach torchrun's console, once.
+    job = launch(tmp_path, "rank_conditional", 2, watchdog=False,
+                 extra_env={"DTWATCH_WATCHDOG": "auto", "DTWATCH_WATCHDOG_ARGS": AUTO_WATCHDOG})
+    console = tmp_path / f"{job.job_id}.out"
+    try:
+        def shown() -> str | None:
+            text = console.read_text(errors="replace")
+            return text if "dtwatch:   bundle: " in text else None
+
+        text = until("the diagnosis on torchrun's console", shown, 90)
+        assert time.time() - job.onset() < DEADLINE
+        index = job.wait_incident(timeout=30, complete=False)
+        lines = [line for line in text.splitlines() if line.startswith("dtwatch: ")]
+        assert lines[0].startswith("dtwatch: STALL [rank_conditional] rank 0 in all_reduce (group 0, seq ")
+        assert lines[0].split(" at ", 1)[1].startswith(f"tests/scripts/hang_worker.py:{site_line('validate_all_reduce')} ")
+        assert lines[1].startswith("dtwatch:   rank 1 waits in barrier (group 0, seq ")
+        assert f"hang_worker.py:{site_line('barrier_after')} " in lines[1]
+        assert lines[2].startswith("dtwatch:   diagnosis: rank 0 ")
+        assert lines[3] == f"dtwatch:   bundle: {index['_path']}  (report: dtwatch analyze {job.run_dir})"
+        log = (job.run_dir / f"watchdog-{socket.gethostname()}.log").read_text()
+        assert "showed the diagnosis on the console (stderr of pid" in log
+        time.sleep(2 * WINDOW)  # the hang goes on: still shown once
+        assert console.read_text(errors="replace").count("dtwatch: STALL [") == 1
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(180)
+def test_fail_fast_leaves_no_process_of_the_job(tmp_path):
+    # Rank 1 hangs waiting for its DataLoader; both ranks have worker processes, rank 1 also a helper in
+    # a session of its own. After --fail-fast, nothing carrying the job's id may remain.
+    job = launch(tmp_path, "stuck_in_loader", 2, window=WINDOW, watch_args=["--fail-fast", "--fail-fast-grace", "2"])
+    try:
+        index = job.wait_incident(timeout=90)
+        f = next(f for f in index["findings"] if f["severity"] == "stall")
+        assert f["ranks"] == [1]
+        event = until("the fail-fast event", lambda: next((e for e in job.events() if e["event"] == "fail_fast"), None), 60)
+        assert sorted(event["ranks"]) == [0, 1]
+        assert len(event["descendants"]) >= 5  # 2 DataLoader workers per rank, rank 1's helper
+        assert event["survivors"] == []
+        assert job.wait_exit(timeout=60)[0] not in (None, 0)
+        assert job.watchdog.wait(timeout=30) == 3
+        deadline = time.time() + 10
+        while job_processes(job.job_id) and time.time() < deadline:
+            time.sleep(0.2)
+        assert job_processes(job.job_id) == {}
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(120)
+def test_watchdog_of_a_killed_dtwatch_run_exits(tmp_path):
+    # `dtwatch run` killed with SIGKILL before any rank appeared: its watchdog (its own session) exits.
+    root = tmp_path / "runs"
+    proc = dtwatch_run(root, "killed", [sys.executable, "-c", "import time; time.sleep(90)"])
+    try:
+        pid = ready_watchdog_pid(root / "killed")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        until("the watchdog to exit", lambda: gone(pid), 10)
+        log = (root / "killed" / f"watchdog-{socket.gethostname()}.log").read_text()
+        assert "the launcher has ended and no rank of killed is alive" in log
+    finally:
+        stop_processes([proc])  # the command it ran, in the same session
+
+
+@pytest.mark.timeout(180)
+def test_watchdog_of_a_killed_dtwatch_run_outlives_its_ranks_only(tmp_path):
+    # Killed while the job runs: torchrun and the ranks go on, watched; once they are gone, so is the watchdog.
+    root = tmp_path / "runs"
+    proc = dtwatch_run(root, "orphan", torchrun_cmd(WORKER, "healthy_quiet"), "--stall-window", "30")
+    try:
+        pid = ready_watchdog_pid(root / "orphan")
+        until("the ranks' rings", lambda: len(list((root / "orphan").glob("rank-*.ring"))) == 2, 60)
+        os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(3)
+        assert not gone(pid)  # its ranks still run
+        until("the job to end", lambda: not [c for c in job_processes("orphan").values() if "hang_worker" in c] or None, 90)
+        until("the watchdog to exit", lambda: gone(pid), 10)
+    finally:
+        stop_processes([proc])
+
+
+@pytest.mark.timeout(60)
+def test_watchdog_that_never_sees_a_rank_exits_after_rank_wait(tmp_path):
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "dtwatch", "watch", "--dir", str(tmp_path), "--job-id", "nobody",
+                           "--metrics-port", "off", "--store", "none", "--rank-wait", "2", "--poll-interval", "0.2"],
+                          env=base_env(tmp_path, "nobody"), capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0
+    assert 2 <= time.time() - started < 15
+    assert "no rank of nobody appeared" in proc.stderr and "within 2 s (--rank-wait)" in proc.stderr
 
 
 @pytest.mark.timeout(120)

@@ -55,6 +55,7 @@ class Diagnosis:
     findings: list[Finding]  # stall-severity findings, culprits first
     check: StallCheck | None = None
     now: float = field(default_factory=time.time)
+    ended: bool = False  # the findings are about ranks that ended (a crash), not a stall
 
 
 def diagnose(states: list[RankState], now: float, window: float, evidence: Evidence | None = None, *,
@@ -72,7 +73,7 @@ def diagnose(states: list[RankState], now: float, window: float, evidence: Evide
     settle_completed(states, check.positions)
     exits = _exit_findings(states, now, ev)
     if exits:
-        return Diagnosis(True, exits, check, now)
+        return Diagnosis(True, exits, check, now, ended=True)
     if assume_stalled and check.blocked and not check.stalled:
         check = StallCheck(True, check.last_progress, check.blocked, check.positions)
     if not check.stalled:

@@ -7,6 +7,7 @@ Lines that tests assert on carry a ``# site:<name>`` marker.
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -15,16 +16,33 @@ import dtwatch.auto  # noqa: F401  (first: before init_process_group)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 SCENARIO = sys.argv[1]
 HANG_STEP = 4
 
 
-def mark_onset() -> None:
-    path = os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], f"onset-rank{dist.get_rank()}.txt")
+def mark_onset(rank: int | None = None) -> None:
+    rank = dist.get_rank() if rank is None else rank
+    path = os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], f"onset-rank{rank}.txt")
     with open(path, "w") as f:
         f.write(repr(time.time()))
+
+
+class SamplesThatHang(Dataset):
+    """Sample ``hang_at`` never arrives (a worker blocked on storage); -1: every sample arrives."""
+
+    def __init__(self, rank: int, hang_at: int) -> None:
+        self.rank, self.hang_at = rank, hang_at
+
+    def __len__(self) -> int:
+        return 20 * 8
+
+    def __getitem__(self, i: int):
+        if i == self.hang_at:
+            mark_onset(self.rank)
+            time.sleep(3600)  # site:worker_sleep
+        return torch.randn(16)
 
 
 def model_and_opt():
@@ -107,6 +125,19 @@ def main() -> None:
                 if SCENARIO == "killed":
                     os.kill(os.getpid(), signal.SIGKILL)
                 return  # site:return_early
+
+    elif SCENARIO == "stuck_in_loader":
+        # Rank 1 waits for a batch its DataLoader worker never delivers; rank 0 waits in the next
+        # all_reduce. Rank 1 has started worker processes and a helper process in a session of its own
+        # (like a tokenizer service): --fail-fast must end all of them.
+        if rank == 1:
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        loader = DataLoader(SamplesThatHang(rank, (HANG_STEP - 1) * 8 if rank == 1 else -1), batch_size=8,
+                            num_workers=2)
+        for step, batch in enumerate(loader, 1):  # site:loader_next
+            dist.all_reduce(batch.sum())  # site:loader_all_reduce
+            if step == HANG_STEP - 1 and rank == 0:
+                mark_onset()
 
     elif SCENARIO == "mismatch":
         # The ranks read different configs: rank 1 believes this is a barrier-only sync step.

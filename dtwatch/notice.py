@@ -1,0 +1,90 @@
+"""What an incident is called, and the few lines the job's console shows about it.
+
+The verdict is decided from the evidence (how ranks ended), the wording from the findings' fields; the
+full diagnosis stays in the bundle and ``dtwatch analyze``. Nothing here does I/O.
+"""
+from __future__ import annotations
+
+import os
+
+from .diagnose import Finding, fmt_ranks
+from .state import CPP_OP, RankState
+
+CRASH, STALL = "crash", "stall"
+PREFIX = "dtwatch: "
+
+
+def ended_abnormally(s: RankState) -> bool:
+    """Raised, killed by a signal, or vanished without a clean exit."""
+    return s.exit_state in ("exception", "signal") or (s.alive is False and s.exit_state == "running")
+
+
+def verdict(findings: list[Finding], states: list[RankState], *, from_exits: bool) -> str:
+    """``crash`` when the incident began with a rank ending abnormally; otherwise ``stall``.
+
+    A rank that returned early while the others wait is a stall (they cannot progress); ranks killed
+    later (by the launcher's teardown or by --fail-fast) do not count: this is decided when the
+    incident opens, before dtwatch acts.
+    """
+    if not from_exits:
+        return STALL
+    named = {r for f in findings for r in f.ranks}
+    return CRASH if any(ended_abnormally(s) for s in states if s.rank in named or not named) else STALL
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (the console is narrow)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _site(site: dict | None) -> str:
+    if not site:
+        return "an unknown line"
+    text = f"{_short(str(site.get('file')))}:{site.get('line')}"
+    src = (site.get("source") or "").strip()
+    return f"{text} `{src}`" if src else text
+
+
+def _where(op: str | None, group: str | None, seq: int | None, site: dict | None, lead: str = "in") -> str:
+    parts = []
+    if op == CPP_OP:
+        op = "a collective issued from C++ (DDP/FSDP)"
+    if op:
+        call = op + (f" (group {group}, seq {seq})" if group is not None and seq is not None else "")
+        parts.append(f"{lead} {call}")
+    if site:
+        parts.append(f"at {_site(site)}")
+    return " ".join(parts) or "at an unknown point"
+
+
+def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_dir: str) -> str:
+    """The console's lines for an incident: culprit, op, line, who waits, the diagnosis, the evidence."""
+    f = findings[0]
+    head = f"{verdict_.upper()} [{f.kind}] "
+    if f.ranks:
+        lead = "last seen in" if f.kind == "rank_exited" else "in"  # it ended: not inside that call any more
+        lines = [head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead)}"]
+        if f.waiting_ranks:
+            verb = "waits" if len(set(f.waiting_ranks)) == 1 else "wait"
+            lines.append(f"  {fmt_ranks(f.waiting_ranks)} {verb} "
+                         f"{_where(f.waiting_op, f.waiting_group, f.waiting_seq, f.waiting_site)}")
+        lines.append(f"  diagnosis: {f.summary}")
+    else:
+        lines = [head + f.summary]
+    for extra in findings[1:]:
+        lines.append(f"  also [{extra.kind}]: {extra.summary}")
+    lines.append(f"  bundle: {bundle}  (report: dtwatch analyze {run_dir})")
+    return "".join(PREFIX + line + "\n" for line in lines)
+
+
+def render_warning(f: Finding) -> str:
+    return f"{PREFIX}WARNING [{f.kind}]: {f.summary}\n"
+
+
+def render_fail_fast(ranks: list[int], descendants: int) -> str:
+    extra = f" and {descendants} process(es) they started" if descendants else ""
+    return f"{PREFIX}--fail-fast: ending {fmt_ranks(ranks)}{extra}\n"
