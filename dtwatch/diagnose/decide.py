@@ -444,7 +444,7 @@ def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiti
     summary = sentence(
         f"{fmt_ranks(ranks)} did not call {describe(call)} that {fmt_ranks(maj_ranks)} "
         f"{verb(maj_ranks, 'waits', 'wait')} in at {ctx.fmt(site)}",
-        f"the rank test {ctx.fmt(branch)} leaves {fmt_ranks(ranks)} out",
+        f"that call is under the rank test {ctx.fmt(branch)}",
         f"{fmt_ranks(ranks)} went on to {describe(mine)} at {ctx.fmt(mine_site)}",
     )
     return Finding(
@@ -536,7 +536,7 @@ def _conditional(ctx: Context, side: list[Position], others_pos: list[Position],
             + (f" (through {ctx.fmt(call.site)})" if "library_site" in details else ""))
     parts = [head]
     if branch is not None:
-        parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}, which the other ranks did not take")
+        parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}")
     if others_pos:
         other_ranks = sorted(p.rank for p in others_pos)
         parts.append(f"at the same point {fmt_ranks(other_ranks)} {verb(other_ranks, 'is', 'are')} in "
@@ -643,7 +643,10 @@ def _uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_kno
     short_steps = [ctx.steps[r] for r in short if r in ctx.steps]
     long_ranks = [r for r in ctx.by_rank if r not in short]
     long_steps = [ctx.steps[r] for r in long_ranks if r in ctx.steps]
-    fewer = bool(short_steps and long_steps and max(short_steps) < min(long_steps))
+    # Fewer optimizer steps alone is evidence only for ranks that ended or wait after the loop (a rank
+    # stuck mid-step counts one step less than it will have).
+    fewer = bool(short_steps and long_steps and max(short_steps) < min(long_steps)) and \
+        (exited or positions_known or max(short_steps) + 1 < min(long_steps))
     if side is not None and ctx.branch(side[0].rank, side[0].call) is not None:
         return None  # the short side's call sits under a rank test: a rank-conditional call, not a loop exit
     loop_fact = _after_loop(ctx, side, inside) if positions_known and side and inside else None
