@@ -85,7 +85,22 @@ def _long_function_caller(fn, arg):
     body = "\n".join(f"        v{i} = {i} * 1.5 + len('value {i}')" for i in range(60))
     src = f"def caller():\n    if never:\n{body}\n    return fn(arg)\n"
     scope = {"never": False, "fn": fn, "arg": arg, "len": len}
-    exec(compile(src, "<long training function>", "exec"), scope)
+    # A file name of user code (a "<...>" pseudo-file is not user code to dtwatch); it need not exist.
+    exec(compile(src, os.path.join(tempfile.gettempdir(), "train_long_function.py"), "exec"), scope)
+    return scope["caller"]
+
+
+def _through_library_caller(fn, arg, depth: int = 2):
+    """A zero-argument callable (user code) that calls ``fn(arg)`` through ``depth`` frames of a
+    third-party library (a file under ``site-packages``), as ``fabric.barrier()`` reaches ``torch.distributed``."""
+    lib_src = "".join(f"def level{i}(fn, arg):\n    return level{i + 1}(fn, arg)\n\n" for i in range(depth - 1))
+    lib_src += f"def level{depth - 1}(fn, arg):\n    return fn(arg)\n"
+    lib: dict = {}
+    lib_file = os.path.join(tempfile.gettempdir(), "site-packages", "wrapperlib", "strategy.py")
+    exec(compile(lib_src, lib_file, "exec"), lib)
+    scope = {"barrier": lib["level0"], "fn": fn, "arg": arg}
+    exec(compile("def caller():\n    return barrier(fn, arg)\n",
+                 os.path.join(tempfile.gettempdir(), "train_with_library.py"), "exec"), scope)
     return scope["caller"]
 
 
@@ -145,6 +160,13 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int) -> dict:
     base, wrapped = _alternate(_long_function_caller(lambda *a, **k: None, t),
                                _long_function_caller(hot, t), blocks, noop_calls)
     result["hot_path"]["all_reduce, called late in a 60-line function"] = _row(base, wrapped)
+    # Through a wrapper library (Lightning, Accelerate): the site is the library's line, the user's site
+    # the line that called the library; neither can be cached by the immediate caller, so this is the
+    # walking path.
+    for depth in (2, 6):
+        base, wrapped = _alternate(_through_library_caller(lambda *a, **k: None, t, depth),
+                                   _through_library_caller(hot, t, depth), blocks, noop_calls)
+        result["hot_path"][f"all_reduce, called through a library ({depth} frames)"] = _row(base, wrapped)
     records = len(dtwatch.read_ring(os.path.join(tmp, "per-call", "rank-00000.ring")).records)
     assert records > 0, "the wrapped calls did not record"
     dtwatch.uninstall()

@@ -10,7 +10,7 @@ Reading a ring::
     snap = read_ring("/tmp/dtwatch/myjob/rank-00001.ring")
     print(snap.rank, snap.world_size, snap.groups[0].name, snap.last_seq("0"))
     for rec in snap.records_list()[-5:]:
-        print(rec.op, rec.seq, rec.site, rec.in_flight)
+        print(rec.op, rec.seq, rec.site, rec.user_site, rec.in_flight)
 
 Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
 

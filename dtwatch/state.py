@@ -208,15 +208,18 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
                 site = site_dicts[site_id]
             else:
                 site = site_dicts[site_id] = sites[site_id - 1].to_dict() if 0 < site_id <= n_sites else None
-            if user_id in site_dicts:
-                user = site_dicts[user_id]
+            site = dict(site) if site is not None else None
+            if user_id == site_id:  # a direct call: one dict for both (never mutated by readers)
+                user = site
             else:
-                user = site_dicts[user_id] = sites[user_id - 1].to_dict() if 0 < user_id <= n_sites else None
+                if user_id in site_dicts:
+                    user = site_dicts[user_id]
+                else:
+                    user = site_dicts[user_id] = sites[user_id - 1].to_dict() if 0 < user_id <= n_sites else None
+                user = dict(user) if user is not None else None
             out.append(Call(
-                name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq,
-                dict(site) if site is not None else None, te, tx, fp,
-                bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span,
-                dict(user) if user is not None else None, peer,
+                name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq, site, te, tx, fp,
+                bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span, user, peer,
             ))
         return out
 

@@ -46,7 +46,7 @@ def test_bundle_fixture_round_trips_with_sanitised_paths(hang, tmp_path):
     assert {s["ring_path"] for s in data["states"]} == {"rank-00000.ring", "rank-00001.ring"}
 
     # Compact and deterministic.
-    assert size < 40_000, size
+    assert size < 60_000, size  # a 2-rank bundle; 4-rank fixtures stay under about 60 KB
     assert dumps_fixture(capture(bundle, name="rank_conditional", relative_to=str(REPO),
                                  truth={"kind": "rank_conditional"})) == text
 
