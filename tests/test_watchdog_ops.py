@@ -326,3 +326,26 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         assert sorted(r["rank"] for r in merged["ranks"]) == [0, 1]
     finally:
         stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
+
+
+def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, capsys):
+    from dtwatch.diagnose import Finding
+    from dtwatch.runner import _conclude
+
+    f = Finding(kind="rank_conditional", severity="stall", ranks=[0], summary="rank 0 is in barrier ...", op="barrier",
+                group="0", seq=6, site={"file": "/job/train.py", "line": 11, "function": "main", "source": "dist.barrier()"},
+                waiting_ranks=[1], waiting_op="all_reduce", waiting_group="0", waiting_seq=6)
+    shown = {"event": "stall", "verdict": "stall", "incident_id": "a", "bundle": "/b/a", "shown_on": "watchdog stderr",
+             "findings": [f.to_dict()]}
+    lost = dict(shown, incident_id="b", bundle="/b/b", shown_on=None)
+    (tmp_path / "events-n.jsonl").write_text(json.dumps(shown) + "\n" + json.dumps({"event": "warning"}) + "\n")
+    assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 0) == 1
+    err = capsys.readouterr().err
+    assert "STALL [" not in err  # already on the console: only the closing line
+    assert err == f"dtwatch: STALL diagnosed; torchrun exited with status 1; bundle /b/a (dtwatch analyze {tmp_path})\n"
+    (tmp_path / "events-n.jsonl").write_text(json.dumps(lost) + "\n")
+    assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 3) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6) at /job/train.py:11 `dist.barrier()`"
+    assert err[1] == "dtwatch:   rank 1 waits in all_reduce (group 0, seq 6)"
+    assert err[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3 (torchrun exited with 1)")
