@@ -13,12 +13,15 @@ Where that console is depends on how the job was started:
 A terminal or pipe is opened anew for each message, non-blocking, and written with one ``write``
 (messages are shorter than ``PIPE_BUF``, so they are not interleaved with the rank's own output); a
 full pipe or a refused open is reported to the caller, never waited on. A regular file is written
-through a duplicate of the process's own descriptor (``pidfd_getfd``), so the process's next write
-lands after the message instead of over it.
+through a duplicate of the process's own descriptor (``pidfd_getfd``, which needs the ptrace rights
+the watchdog has anyway for py-spy), so the process's next write lands after the message instead of
+over it; the same duplicate reaches a pipe this process may not open itself (a container log pipe
+owned by the runtime), written only while it polls writable.
 """
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
 from dataclasses import dataclass
@@ -45,35 +48,54 @@ def write_to_process_stderr(pid: int, text: str) -> Delivery:
     if target in _SKIP:
         return Delivery(False, "", f"pid {pid}: its stderr is {target}")
     data = text.encode("utf-8", "replace")
-    if regular:
-        # A file (e.g. `torchrun ... > train.log`): write through the process's own open file, so that
-        # its offset moves past our text; through a file of our own, its next write would overwrite it.
-        fd = _borrow_fd(pid, 2)
-        if fd is not None:
-            try:
-                os.write(fd, data)
-                return Delivery(True, f"stderr of pid {pid} ({target})")
-            except OSError as exc:
-                return Delivery(False, "", f"pid {pid}: writing to its stderr ({target}): {exc.strerror or exc}")
-            finally:
-                os.close(fd)
-    # A terminal or a pipe (torchrun's console, a container's log): our own non-blocking open of it.
+    # A file (`torchrun ... > train.log`): through the process's own open file first, so that its offset
+    # moves past our text (through a file of our own, its next write would overwrite it). A terminal or
+    # pipe: our own non-blocking open first; the process's own descriptor when we may not open it (a
+    # container's log pipe belongs to the runtime's user) but may ptrace the process.
+    ways = (_write_borrowed, _write_reopened) if regular else (_write_reopened, _write_borrowed)
+    errors = []
+    for way in ways:
+        error = way(pid, path, data, regular)
+        if error is None:
+            return Delivery(True, f"stderr of pid {pid} ({target})")
+        errors.append(error)
+    return Delivery(False, "", f"pid {pid}, stderr {target}: " + "; ".join(errors))
+
+
+def _write_reopened(pid: int, path: str, data: bytes, regular: bool) -> str | None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        return Delivery(False, "", f"pid {pid}: cannot open its stderr ({target}): {exc.strerror or exc}")
+        return f"cannot open it ({exc.strerror or exc})"
     try:
         written = os.write(fd, data)
-        if written < len(data):
-            return Delivery(False, "", f"pid {pid}: its stderr took {written} of {len(data)} bytes (pipe full)")
+        return None if written == len(data) else f"it took {written} of {len(data)} bytes (pipe full)"
     except OSError as exc:
-        return Delivery(False, "", f"pid {pid}: writing to its stderr ({target}): {exc.strerror or exc}")
+        return f"cannot write to it ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    return Delivery(True, f"stderr of pid {pid} ({target})")
 
 
+def _write_borrowed(pid: int, path: str, data: bytes, regular: bool) -> str | None:
+    fd = _borrow_fd(pid, 2)
+    if fd is None:
+        return "cannot borrow its descriptor (pidfd_getfd needs ptrace rights and Linux 5.6)"
+    try:
+        # The process's descriptor may block: write to a pipe or terminal only what it takes at once.
+        for start in range(0, len(data), _PIPE_BUF):
+            chunk = data[start:start + _PIPE_BUF]
+            if not regular and not select.select([], [fd], [], 0)[1]:
+                return "it is not writable now (pipe full or terminal stopped)"
+            os.write(fd, chunk)
+        return None
+    except OSError as exc:
+        return f"cannot write to it ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+
+
+_PIPE_BUF = 4096  # a pipe that polls writable takes this much without blocking (Linux PIPE_BUF)
 _SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture (added in 5.6)
 
 

@@ -147,7 +147,8 @@ class Recorder:
                 device_index=device_index, gpu_uuid=gpu_uuid, capacity=self.config.ring_records,
             )
         except Exception as exc:  # noqa: BLE001 - any failure here must stay out of training
-            self.failed_pg = pg
+            self.failed_pg = pg  # not retried for this group; a new default group is tried again
+            self._stop_watching_for_group()  # nothing more to learn from this group's collectives
             self.fail(f"creating this rank's ring {path} (this process is not watched by dtwatch)", exc)
             return
         if old is not None:

@@ -79,3 +79,27 @@ def test_group_constructed_without_default_group_warns_once(torchrun):
         assert "no default process group exists" in note["warnings"][0]
         assert "this process is not watched" in note["warnings"][0]
     assert not list(job.run_dir.glob("*.ring"))
+
+
+def test_ring_that_cannot_be_created_is_one_warning_and_training_goes_on(dtwatch_env, tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    import dtwatch
+    from dtwatch import recorder
+    from tests.conftest import init_world1
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("DTWATCH_DIR", str(blocker))  # the run directory would have to be inside a file
+    assert dtwatch.install() is True
+    with pytest.warns(RuntimeWarning) as caught:
+        init_world1()
+        t = torch.ones(2)
+        for _ in range(3):
+            dist.all_reduce(t)
+    mine = [str(w.message) for w in caught if "dtwatch" in str(w.message)]
+    assert len(mine) == 1, mine
+    assert f"creating this rank's ring {blocker}" in mine[0] and "not watched by dtwatch" in mine[0]
+    assert t.eq(1).all() and recorder.active().mm is None
+    assert not getattr(dist.distributed_c10d._rank_not_in_group, "__dtwatch_probe__", False)  # no cost per call

@@ -698,11 +698,10 @@ class Pod:
     def close(self) -> None:
         (self.workdir / "release").touch()
         try:
-            self.proc.wait(timeout=20)
+            self.output = self.proc.communicate(timeout=20)[0]
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+            self.output = self.proc.communicate()[0]
 
 
 def dump_functions(stdout: str) -> set[str]:
@@ -842,3 +841,38 @@ def test_ptrace_rights_behind_the_watchdog_security_context(unshare, traversable
     assert probes["root-sys-ptrace"]["returncode"] == 0, probes["root-sys-ptrace"]["stderr"]
     assert KNOWN_FUNCTION in dump_functions(probes["root-sys-ptrace"]["stdout"])
     assert probes["root-no-caps"]["returncode"] != 0
+
+
+def test_sidecar_writes_the_diagnosis_into_the_trainers_log(unshare, traversable_tmp):
+    """How the sidecar's diagnosis reaches the trainer container's log (what `kubectl logs` shows).
+
+    The trainer's stderr is a pipe owned by the container runtime (here: by root, the test), which the
+    watchdog, running as the trainer's UID as the chart requires, may not open through /proc; it borrows
+    the trainer's own descriptor instead (pidfd_getfd, allowed by the same ptrace rights py-spy uses).
+    """
+    yama = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if yama.exists() and int(yama.read_text()) >= 1:
+        pytest.skip("Yama ptrace_scope >= 1: the same-UID sidecar needs DTWATCH_ALLOW_PTRACE (not simulated here)")
+    if not shutil.which("setpriv"):
+        _missing("setpriv (util-linux) not installed")
+    python = unprivileged_python([sys.executable, "/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")])
+    if python is None:
+        _missing("no Python interpreter executable by UID 1000 (needed to run a non-root trainer)")
+    console = traversable_tmp / "console.py"  # stdlib only: loadable by any user from a readable copy
+    shutil.copyfile(REPO / "dtwatch" / "console.py", console)
+    console.chmod(0o644)
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('console', sys.argv[1]); "
+            "m = sys.modules['console'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "print(m.write_to_process_stderr(int(sys.argv[2]), 'dtwatch: STALL [sidecar] rank 0 in barrier\\n'))")
+    as_1000 = ["--reuid=1000", "--regid=1000", "--clear-groups"]
+    pod = Pod(unshare, traversable_tmp / "pod", {"trainer": {"setpriv": as_1000}},
+              [{"name": "sidecar", "trainer": "trainer", "setpriv": as_1000 + ["--no-new-privs"],
+                "argv": [python, "-c", code, str(console), "{pid}"]}], python=python, hold=False)
+    try:
+        probe = pod.result()["probes"]["sidecar"]
+    finally:
+        pod.close()
+    log = pod.output
+    assert probe["returncode"] == 0, probe["stderr"]
+    assert "Delivery(ok=True" in probe["stdout"], probe["stdout"]
+    assert log.count("dtwatch: STALL [sidecar] rank 0 in barrier\n") == 1, log

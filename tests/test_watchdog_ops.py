@@ -126,9 +126,10 @@ def test_dtwatch_run_keeps_the_exit_status_of_a_crash_and_calls_it_one(tmp_path)
 @pytest.mark.timeout(150)
 def test_one_line_import_shows_the_diagnosis_on_torchruns_console(tmp_path):
     # Plain torchrun, `import dtwatch.auto` in the script: local rank 0 starts the watchdog, whose own
-    # output goes to a log file; the diagnosis must still reach torchrun's console, once.
+    # output goes to a log file; the diagnosis must still reach torchrun's console, once. With
+    # --fail-fast the watchdog, a child of rank 0, ends the ranks but not itself.
     job = launch(tmp_path, "rank_conditional", 2, watchdog=False,
-                 extra_env={"DTWATCH_WATCHDOG": "auto", "DTWATCH_WATCHDOG_ARGS": AUTO_WATCHDOG})
+                 extra_env={"DTWATCH_WATCHDOG": "auto", "DTWATCH_WATCHDOG_ARGS": AUTO_WATCHDOG + " --fail-fast"})
     console = tmp_path / f"{job.job_id}.out"
     try:
         def shown() -> str | None:
@@ -145,10 +146,15 @@ def test_one_line_import_shows_the_diagnosis_on_torchruns_console(tmp_path):
         assert f"hang_worker.py:{site_line('barrier_after')} " in lines[1]
         assert lines[2].startswith("dtwatch:   diagnosis: rank 0 ")
         assert lines[3] == f"dtwatch:   bundle: {index['_path']}  (report: dtwatch analyze {job.run_dir})"
-        log = (job.run_dir / f"watchdog-{socket.gethostname()}.log").read_text()
+        assert job.wait_exit(timeout=60)[0] not in (None, 0)  # ended by --fail-fast
+        final = console.read_text(errors="replace")
+        assert final.count("dtwatch: STALL [") == 1
+        assert "dtwatch: --fail-fast: ending ranks 0-1\n" in final  # nothing else: not the watchdog itself
+        log_path = job.run_dir / f"watchdog-{socket.gethostname()}.log"
+        until("the watchdog's fail-fast report", lambda: "--fail-fast: ended ranks [0, 1]" in log_path.read_text(), 30)
+        log = log_path.read_text()
         assert "showed the diagnosis on the console (stderr of pid" in log
-        time.sleep(2 * WINDOW)  # the hang goes on: still shown once
-        assert console.read_text(errors="replace").count("dtwatch: STALL [") == 1
+        assert "and 0 descendant(s)" in log
     finally:
         job.stop()
 
@@ -320,3 +326,26 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         assert sorted(r["rank"] for r in merged["ranks"]) == [0, 1]
     finally:
         stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
+
+
+def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, capsys):
+    from dtwatch.diagnose import Finding
+    from dtwatch.runner import _conclude
+
+    f = Finding(kind="rank_conditional", severity="stall", ranks=[0], summary="rank 0 is in barrier ...", op="barrier",
+                group="0", seq=6, site={"file": "/job/train.py", "line": 11, "function": "main", "source": "dist.barrier()"},
+                waiting_ranks=[1], waiting_op="all_reduce", waiting_group="0", waiting_seq=6)
+    shown = {"event": "stall", "verdict": "stall", "incident_id": "a", "bundle": "/b/a", "shown_on": "watchdog stderr",
+             "findings": [f.to_dict()]}
+    lost = dict(shown, incident_id="b", bundle="/b/b", shown_on=None)
+    (tmp_path / "events-n.jsonl").write_text(json.dumps(shown) + "\n" + json.dumps({"event": "warning"}) + "\n")
+    assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 0) == 1
+    err = capsys.readouterr().err
+    assert "STALL [" not in err  # already on the console: only the closing line
+    assert err == f"dtwatch: STALL diagnosed; torchrun exited with status 1; bundle /b/a (dtwatch analyze {tmp_path})\n"
+    (tmp_path / "events-n.jsonl").write_text(json.dumps(lost) + "\n")
+    assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 3) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6) at /job/train.py:11 `dist.barrier()`"
+    assert err[1] == "dtwatch:   rank 1 waits in all_reduce (group 0, seq 6)"
+    assert err[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3 (torchrun exited with 1)")
