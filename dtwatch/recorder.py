@@ -372,7 +372,7 @@ class Recorder:
             fatal, term = ending_files(self.run_dir, dist.get_rank())
             os.makedirs(os.path.dirname(fatal), exist_ok=True)
             self.ending_files = [open(fatal, "w"), open(term, "w")]  # noqa: SIM115 - kept for the handlers
-            faulthandler.enable(file=self.ending_files[0], all_threads=False)
+            faulthandler.enable(file=self.ending_files[0], all_threads=True)
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 faulthandler.register(signal.SIGTERM, file=self.ending_files[1], all_threads=False, chain=True)
         except Exception as exc:  # noqa: BLE001

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -165,10 +166,31 @@ def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
             continue
         if not text.strip():
             continue
+        frames = main_thread_frames_of(text)
         if kind == "term":
-            return {"signal": "SIGTERM", "text": text[-4000:]}
+            return {"signal": "SIGTERM", "text": text[-4000:], "frames": frames}
         for words, name in _FATAL_TEXT.items():
             if f"Fatal Python error: {words}" in text:
-                return {"signal": name, "text": text[-4000:]}
-        return {"signal": "unknown fatal signal", "text": text[-4000:]}
+                return {"signal": name, "text": text[-4000:], "frames": frames}
+        return {"signal": "unknown fatal signal", "text": text[-4000:], "frames": frames}
     return None
+
+
+_FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')
+
+
+def main_thread_frames_of(text: str) -> list[dict]:
+    """The main thread's frames (innermost first) in a faulthandler dump: the thread whose outermost
+    frame is a module's top level, else the current thread."""
+    blocks: list[tuple[str, list[dict]]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
+            blocks.append((line, []))
+            continue
+        m = _FH_FRAME.match(line)
+        if m and blocks:
+            blocks[-1][1].append({"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")})
+    main = next((fr for _, fr in blocks if fr and fr[-1]["function"] == "<module>"), None)
+    if main is None:
+        main = next((fr for head, fr in blocks if head.startswith(("Current thread", "Stack"))), [])
+    return main

@@ -7,7 +7,7 @@ import time
 from dtwatch.diagnose.source import innermost_loop, loops
 from dtwatch.diagnose.text import fmt_ranks, trim, verb
 from dtwatch.lint import rank_branches
-from dtwatch.stacks import ending_files, process_ending
+from dtwatch.stacks import ending_files, main_thread_frames_of, process_ending
 
 REASON = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
           "[127.0.0.1]:29500. This is typically caused by a peer process exiting, for example because it "
@@ -84,3 +84,18 @@ def test_process_ending_reads_faulthandler_output(tmp_path):
     with open(term, "w") as f:
         f.write("Current thread 0x1 (most recent call first):\n")
     assert process_ending(run_dir, 3, start)["signal"] == "SIGTERM"
+
+
+def test_main_thread_frames_of_a_faulthandler_dump():
+    dump = (
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+        "Current thread 0x00007f02 (most recent call first):\n"
+        '  File "train.py", line 110 in save\n'
+        '  File "train.py", line 140 in main\n'
+        '  File "train.py", line 150 in <module>\n'
+    )
+    frames = main_thread_frames_of(dump)
+    assert [(f["line"], f["function"]) for f in frames] == [(110, "save"), (140, "main"), (150, "<module>")]

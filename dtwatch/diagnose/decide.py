@@ -106,6 +106,8 @@ class Context:
         then the sampled main-thread stack (py-spy's, when taken, for a rank that is not sampling)."""
         s = self.by_rank[rank]
         out: list[dict] = []
+        if s.gone:  # where it was when it died (faulthandler's record of the fatal signal or SIGTERM)
+            out += [f for f in (self.ev.ending(rank) or {}).get("frames") or [] if not is_library_path(str(f.get("file", "")))]
         if call is not None and call.op != CPP_OP:
             for site in (getattr(call, "user_site", None), call.site):
                 if site:
@@ -733,7 +735,11 @@ def _early_exit_loop(ctx: Context, ranks: list[int]) -> dict | None:
 
 def _after_loop(ctx: Context, side: list[Position], inside: list[Position]) -> dict | None:
     """Whether ``side`` waits after a loop that ``inside``'s ranks are still in (same file)."""
-    outer = ctx.frames(side[0].rank, side[0].call)
+    return _past_loop(ctx, ctx.frames(side[0].rank, side[0].call), inside)
+
+
+def _past_loop(ctx: Context, outer: list[dict], inside: list[Position]) -> dict | None:
+    """Whether the frames ``outer`` are past (after) a loop that ``inside``'s ranks are still in."""
     for q in inside:
         for f_in in ctx.frames(q.rank, q.call):
             path = str(f_in.get("file", ""))
@@ -806,6 +812,30 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     )
 
 
+def _crashed_past_loop(ctx: Context, r: int, others: list[int], extra: str) -> Finding | None:
+    """A rank that ended after leaving the loop the others were still in (it crashed in the code after
+    the loop, e.g. a checkpoint whose collectives met the others' training step): uneven iterations."""
+    stack = (ctx.ev.ending(r) or {}).get("frames") or []
+    outer = [f for f in stack if not is_library_path(str(f.get("file", "")))]
+    fact = _past_loop(ctx, outer, [ctx.pos[o] for o in others if o in ctx.pos]) if outer else None
+    if fact is None:
+        return None
+    f = exited(ctx, r, others, extra)
+    loop_txt = f"{ctx.fmt(fact['loop_site'])}"
+    inside = sorted(others)
+    f.kind = Kind.UNEVEN_ITERATIONS
+    f.summary = sentence(
+        f"rank {r} left the loop at {loop_txt} earlier than {fmt_ranks(inside)}: it was at {ctx.fmt(outer[0])}, "
+        f"after the loop, while they were still inside it at {ctx.fmt(fact['inside_site'])}",
+        f.summary,
+    )
+    f.site = ctx.site(fact["loop_site"])
+    f.details["crash_site"] = ctx.site(outer[0])
+    f.details["loop"] = {"file": fact["loop_site"]["file"], "line": fact["loop"].start,
+                         "exits": [list(e) for e in fact["loop"].exits]}
+    return f
+
+
 def _end_time(s: RankState) -> float:
     return s.exit_time or s.heartbeat_time
 
@@ -851,7 +881,7 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
         others = [s.rank for s in states if s.rank not in roots]
         torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(s) and s.exit_state != "exited")
         extra = f"{fmt_ranks(torn)} then ended too (the launcher's teardown)" if torn else ""
-        return [exited(ctx, r, others, extra) for r in roots]
+        return [_crashed_past_loop(ctx, r, others, extra) or exited(ctx, r, others, extra) for r in roots]
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")
     failed = [s.rank for s in states if _secondary(s)]
     if clean and failed:
@@ -868,7 +898,7 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
 def _crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     """A crash that followed a desync: at the root's last (group, seq), ranks had issued different calls
     (a Python collective on one rank meeting DDP's C++-issued all-reduce on the others included)."""
-    last = ctx.by_rank[roots[0]].last_call()
+    last = ctx.last_call(roots[0])
     if last is None:
         return []
     calls = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
