@@ -103,3 +103,19 @@ def test_every_scenario_has_a_fixture_with_its_current_truth() -> None:
         if recorded != s.truth():
             stale.append(s.name)
     assert not stale, f"the scripts or truths changed since capture: re-capture {','.join(stale)}"
+
+
+def test_judge_flags_each_wrong_column() -> None:
+    truth = {"kind": "rank_conditional", "ranks": [2], "op": "all_reduce", "file": "tests/scenarios/x.py",
+             "line": 12, "lines": [11, 12], "present": ["rank 2"], "absent": ["never called"]}
+    right = {"kind": "rank_conditional", "severity": "stall", "ranks": [2], "op": "all_reduce",
+             "site": {"file": "<site-packages>/lib/a.py", "line": 3}, "summary": "rank 2 ...",
+             "details": {"conditional_line": {"file": "/srv/repo/tests/scenarios/x.py", "line": 11}}}
+    v = judge([right], truth)
+    assert v.right and v.shown["line"] == "details.conditional_line=x.py:11"
+    wrong = {**right, "kind": "mismatch", "ranks": [0, 1], "op": "barrier", "details": {},
+             "summary": "ranks 0-1 ... never called it"}
+    v = judge([wrong, {**right, "ranks": [3]}], truth)
+    assert {c for c, ok in v.ok.items() if not ok} == {"kind", "ranks", "op", "line", "text"}
+    assert judge([{**right, "severity": "warning"}], truth).ok["kind"] is False  # warnings are not diagnoses
+    assert judge([], {"healthy": True}).right and not judge([right], {"healthy": True}).right

@@ -69,7 +69,7 @@ def quiet(rank: int) -> None:
 
 def turns_slow(rank: int) -> None:
     t = torch.ones(4)
-    capture_point(9.0)
+    capture_point(11.0)  # 3 s into rank 2's slow turn
     for turn in range(4):
         if rank == turn:
             time.sleep(4.0)  # site:turn_slow
