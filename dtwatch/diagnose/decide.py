@@ -44,6 +44,7 @@ class Context:
         self.loaders = loader_evidence(states)
         self.steps = {s.rank: s.step for s in states}
         self._fr_mappings: dict = {}
+        self.past = False  # describing calls the ranks made earlier (completed), not where they are now
         self.issued_from_cpp: dict[int, dict] = {}  # rank -> the FR entry that named its C++-issued call
         self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
                     for r, p in pos.items()}
@@ -288,11 +289,71 @@ def _classify(ctx: Context, check: StallCheck) -> list[Finding]:
         return [_unresponsive(ctx, p, waiting) for p in wedged]
 
     blocked = [pos[r] for r in check.blocked if pos[r].call is not None]
+    # The ranks went out of step earlier, at a call they all completed (paired with a different call):
+    # that first divergence is the root cause, the stall only its symptom.
+    diverged = _first_divergence(ctx, blocked)
+    if diverged is not None:
+        return [diverged]
     needed = {m for p in blocked for m in ctx.missing(p.rank, p.call)}
     outside = [p.rank for p in pos.values() if p.state == "outside" and p.rank in needed]
     if outside:
         return _outside(ctx, outside, waiting)
     return _blocked(ctx, blocked, waiting)
+
+
+def _first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
+    """Program-order alignment: the first sequence number, before where the ranks now wait, at which
+    the members of a group issued different collectives (another op, or the same op with another shape)
+    and the calls still completed. Only what is known on every member counts (Python-issued calls, and
+    C++-issued ones named by the Flight Recorder)."""
+    waiting = sorted(p.rank for p in blocked)
+    live = [s for s in ctx.states if not s.gone]
+    groups = sorted({g for s in live for g in s.groups})
+    for group in groups:
+        members = [s.rank for s in live if group in s.groups]
+        if len(members) < 2:
+            continue
+        upto = min(ctx.by_rank[m].groups[group].completed for m in members)
+        known: set[int] = set()
+        for m in members:
+            known |= {c.seq for c in ctx.by_rank[m].groups[group].recent if c.seq <= upto}
+            summary = ctx.ev.flight_record(m) or {}
+            for e in summary.get("entries") or []:
+                for key in ("op_id", "seq"):
+                    if isinstance(e.get(key), int) and e[key] <= upto:
+                        known.add(int(e[key]))
+        for seq in sorted(known):
+            calls = {m: ctx.named(m, ctx.call_at(m, group, seq)) for m in members}
+            if any(c is None or c.op == CPP_OP or c.op in P2P for c in calls.values()):
+                continue
+            if len({_op_shape(c) for c in calls.values()}) < 2:
+                continue
+            sides: dict[tuple, list[Position]] = defaultdict(list)
+            for m, c in calls.items():
+                sides[_op_shape(c)].append(Position(m, "blocked", c, None))
+            now_pos = ctx.pos
+            ctx.pos = {**ctx.pos, **{m: Position(m, "blocked", c, None) for m, c in calls.items()}}
+            ctx.past = True
+            try:
+                f = _desync(ctx, group, seq, list(sides.values()), members)
+            finally:
+                ctx.pos, ctx.past = now_pos, False
+            fields, waiting_txt = ctx.waiting(waiting)
+            f.summary = sentence(f.summary, "those calls were paired with each other and completed, so the ranks "
+                                 "went on out of step", f"now {waiting_txt}" if waiting_txt else "")
+            f.details["diverged_at"] = {"group": group, "seq": seq}
+            for k, v in fields.items():
+                setattr(f, k, v)
+            return f
+    return None
+
+
+def _op_shape(c: Call) -> tuple:
+    """What must agree across ranks at one sequence number: the op, and the shape where both sides
+    state it the same way (Python-issued fingerprints)."""
+    from ..flight import op_family
+
+    return (op_family(c.op), c.fingerprint if not c.fingerprint.startswith(CPP_PREFIX) else "")
 
 
 def _unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
@@ -404,7 +465,7 @@ def _desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wai
             return _mismatch(ctx, group, seq, line_sides, waiting)
 
     # A side that left the loop the others are still in: uneven iterations.
-    for side in sides:
+    for side in (sides if not ctx.past else []):
         ranks = [p.rank for p in side]
         others = [p for s2 in sides if s2 is not side for p in s2]
         f = _uneven(ctx, ranks, [r for r in waiting if r not in ranks], positions_known=True, inside=others, side=side)
@@ -426,7 +487,7 @@ def _desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wai
     culprit = scored[0]
     others = [p for side in sides if side is not culprit for p in side]
     tie = len(scored) > 1 and len(scored[1]) == len(culprit)
-    if branches[id(culprit)] is None and not tie:
+    if branches[id(culprit)] is None and not tie and not ctx.past:
         majority = scored[-1]
         if branches[id(majority)] is not None:
             return _skipped(ctx, culprit, majority, waiting)
@@ -534,14 +595,16 @@ def _conditional(ctx: Context, side: list[Position], others_pos: list[Position],
     if call.site and site and _key(call.site) != _key(site):
         details["library_site"] = ctx.site(call.site)
     decided = branch is not None or len(side) < len(others_pos)
-    head = (f"{fmt_ranks(ranks)} {verb(ranks, 'is', 'are')} in {describe(call)} at {ctx.fmt(site)}"
+    being = "issued" if ctx.past else f"{verb(ranks, 'is', 'are')} in"
+    head = (f"{fmt_ranks(ranks)} {being} {describe(call)} at {ctx.fmt(site)}"
             + (f" (through {ctx.fmt(call.site)})" if "library_site" in details else ""))
     parts = [head]
     if branch is not None:
         parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}")
     if others_pos:
         other_ranks = sorted(p.rank for p in others_pos)
-        parts.append(f"at the same point {fmt_ranks(other_ranks)} {verb(other_ranks, 'is', 'are')} in "
+        parts.append(f"at the same point {fmt_ranks(other_ranks)} "
+                     f"{'issued' if ctx.past else verb(other_ranks, 'is', 'are') + ' in'} "
                      f"{describe(others_pos[0].call)} at {ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].call))}")
     else:
         parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")
