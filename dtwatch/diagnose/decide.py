@@ -430,15 +430,27 @@ def _blocked(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[
     if edges:
         return [_wait_cycle(ctx, edges, waiting)]
 
-    # 3. Everyone is in the same collective and nobody is missing.
+    # 3. Everyone seen is in the same collective and nobody seen is missing.
     p = min(blocked, key=lambda q: q.call.t_enter)
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.call)
+    world = max(s.world_size for s in ctx.states)
+    unseen = sorted(set(ctx.members(p.rank, p.call.group)) - set(ctx.by_rank)) if ctx.by_rank[p.rank].groups.get(
+        p.call.group) and ctx.by_rank[p.rank].groups[p.call.group].members else sorted(set(range(world)) - set(ctx.by_rank))
+    if unseen:
+        seen = sorted(ctx.by_rank)
+        parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside {describe(p.call)} at "
+                 f"{ctx.fmt(site)}",
+                 f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: no ring "
+                 "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
+                 f"{'it' if len(unseen) == 1 else 'they'} issued this call is not known"]
+    else:
+        parts = [f"all ranks are inside {describe(p.call)} at {ctx.fmt(site)} and none is missing",
+                 "the collective itself is not completing (network, transport, or a peer outside this job)"]
     return [Finding(
-        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[],
-        summary=sentence(f"all ranks are inside {describe(p.call)} at {ctx.fmt(site)} and none is missing",
-                         "the collective itself is not completing (network, transport, or a peer outside this job)"),
-        op=p.call.op, group=p.call.group, seq=p.call.seq, site=ctx.site(site), **fields,
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
+        op=p.call.op, group=p.call.group, seq=p.call.seq, site=ctx.site(site),
+        details={"unseen_ranks": unseen}, **fields,
     )]
 
 
