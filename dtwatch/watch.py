@@ -139,6 +139,10 @@ class Watchdog:
         self.stop_event = threading.Event()
         self.last_seen_activity = time.time()
         self.ever_saw_ranks = False
+        # Flight Recorder dumps requested while a stall is suspected (before the window is up), so the
+        # first diagnosis can name C++-issued collectives: {"episode": last progress time, "requests":
+        # {rank: request id}, "summaries": {rank: summary}, "at": time requested}.
+        self.early_fr: dict = {"episode": None, "requests": {}, "summaries": {}, "at": 0.0}
         self.lock_fd: int | None = None
         self.metrics_server = None
         self.gpu = None
@@ -333,6 +337,9 @@ class Watchdog:
         elif self.incident is not None and self.incident["evidence_done"] and result is not None \
                 and not result.stalled and max(s.last_activity for s in states) > self.incident["detected"]:
             self.close_incident(now)  # progress after the diagnosis (e.g. the ranks were restarted)
+        elif self.incident is None and result is not None and result.check is not None and result.check.blocked \
+                and now - result.check.last_progress > window / 2:
+            self.request_early_dumps(local, result.check.last_progress, now)
         lags = entry_lags(states)
         if states and self.incident is None:
             self.check_warnings(states, now, lags)
@@ -354,6 +361,33 @@ class Watchdog:
             return True
         return False
 
+    def request_early_dumps(self, local: list[RankState], episode: float, now: float) -> None:
+        """Ask this node's ranks for their Flight Recorder once per quiet episode (at most once a minute):
+        their sampler threads write it while the main threads are blocked."""
+        early = self.early_fr
+        if early["episode"] == episode or now - early["at"] < 60.0:
+            return
+        requests = {}
+        for s in local:
+            if s.alive and not s.gone:
+                try:
+                    requests[s.rank] = request_dump(s.ring_path)
+                except OSError:
+                    pass
+        self.early_fr = {"episode": episode, "requests": requests, "summaries": {}, "at": now}
+
+    def early_flight_records(self) -> dict[int, dict]:
+        """Summaries of the early Flight Recorder dumps that have been written so far."""
+        early = self.early_fr
+        for rank, req in early["requests"].items():
+            if rank not in early["summaries"]:
+                path = os.path.join(self.run_dir, "fr", f"rank-{rank:05d}.{req}.pkl")
+                if os.path.exists(path):
+                    summary = summarize_flight_record(path)
+                    if summary is not None:
+                        early["summaries"][rank] = summary
+        return dict(early["summaries"])
+
     def evidence(self, local: list[RankState]) -> FileEvidence:
         """What the diagnosis may look at: sources here, py-spy on demand for this node's ranks (only
         the ranks a decision needs: a wedged rank, one outside any collective), how processes ended."""
@@ -373,7 +407,8 @@ class Watchdog:
             s = by_rank.get(rank)
             return process_ending(self.run_dir, rank, s.start_time) if s is not None else None
 
-        return FileEvidence(stacks=stack, endings=ending)
+        return FileEvidence(stacks=stack, endings=ending,
+                            flight_records=self.early_flight_records() if self.early_fr["requests"] else None)
 
     def incident_idle(self) -> bool:
         return self.incident is None or self.incident.get("evidence_done", True)

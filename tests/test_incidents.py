@@ -9,84 +9,24 @@ healthy control must give no stall finding. Re-capture after changing a scenario
 """
 from __future__ import annotations
 
-import copy
-import linecache
-import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from dtwatch.capture import Fixture, load_fixture
-from dtwatch.diagnose import Finding, StallCheck, check_stall, classify, exit_findings, settle_completed
-from dtwatch.lint import is_rank_conditional_line
+from dtwatch.capture import load_fixture
+from dtwatch.diagnose import diagnose_fixture
 from tests.scenarios.catalog import SCENARIOS
 from tests.scenarios.judge import judge
 
 INCIDENTS = Path(__file__).resolve().parent / "incidents"
 FIXTURES = sorted(INCIDENTS.glob("*.json"))
 
-try:  # the diagnosis core's entry point, once it exists
-    from dtwatch.diagnose import diagnose_fixture  # type: ignore[attr-defined]
-except ImportError:
-    diagnose_fixture = None
-
-
-@contextmanager
-def _captured_sources(fx: Fixture, root: Path) -> Iterator[dict[str, Path]]:
-    """The fixture's source files where today's diagnosis reads them: in ``linecache`` under their
-    (sanitised) names, and whole user files written under ``root`` for the rank-conditional lint."""
-    on_disk: dict[str, Path] = {}
-    added = []
-    for name, src in fx.sources.items():
-        if "text" in src:
-            lines = src["text"].splitlines(keepends=True)
-            path = root / re.sub(r"[^\w./-]", "_", name).lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(src["text"])
-            on_disk[name] = path
-        else:
-            numbered = {int(n): text for n, text in src.get("lines", {}).items()}
-            lines = [numbered.get(i, "") + "\n" for i in range(1, max(numbered, default=0) + 1)]
-        if name not in linecache.cache:
-            linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
-            added.append(name)
-    try:
-        yield on_disk
-    finally:
-        for name in added:
-            linecache.cache.pop(name, None)
-
-
-def _diagnose(fx: Fixture, root: Path) -> list[Finding]:
-    """Today's diagnosis, combined as the watchdog's poll does: exits first (no window), else the stall
-    check; a bundle was written because the watchdog saw a stall, so a bundle's check counts as stalled."""
-    from dtwatch.watch import refine_cpp_ops
-
-    states = copy.deepcopy(fx.states)
-    with _captured_sources(fx, root) as on_disk:
-        def lint(path: str, line: int) -> bool:
-            return path in on_disk and is_rank_conditional_line(on_disk[path], line)
-
-        check = check_stall(states, fx.now, fx.window)
-        settle_completed(states, check.positions)
-        findings = exit_findings(states, fx.now, lint)
-        if not findings:
-            if fx.source == "bundle" and check.blocked:
-                check = StallCheck(True, check.last_progress, check.blocked, check.positions)
-            if check.stalled:
-                findings = classify(states, check, fx.now, lint)
-    for rank, summary in fx.flight_records.items():
-        refine_cpp_ops(findings, int(rank), summary)
-    return findings
-
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
-def test_incident_diagnosis_matches_truth(path: Path, tmp_path: Path) -> None:
+def test_incident_diagnosis_matches_truth(path: Path) -> None:
     fx = load_fixture(path)
     assert fx.truth, f"{path.name} has no truth"
-    findings = diagnose_fixture(fx) if diagnose_fixture is not None else _diagnose(fx, tmp_path)
+    findings = diagnose_fixture(fx)
     verdict = judge([f.to_dict() for f in findings], fx.truth)
     summary = findings[0].summary if findings else "(no finding)"
     assert verdict.right, f"{fx.name}: " + "; ".join(verdict.failures()) + f"\n  diagnosis: {summary}"

@@ -419,9 +419,7 @@ def _blocked(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[
         if p.call.op not in P2P:
             points[(p.call.group, p.call.seq)].append(p)
     for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.call.t_enter for p in kv[1])):
-        sides: dict[tuple, list[Position]] = defaultdict(list)
-        for p in here:
-            sides[_signature(ctx, p)].append(p)
+        sides = _sides(ctx, here)
         if len(sides) > 1:
             return [_desync(ctx, group, seq, list(sides.values()), waiting)]
 
@@ -452,6 +450,19 @@ def _blocked(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[
         op=p.call.op, group=p.call.group, seq=p.call.seq, site=ctx.site(site),
         details={"unseen_ranks": unseen}, **fields,
     )]
+
+
+def _sides(ctx: Context, here: list[Position]) -> dict[tuple, list[Position]]:
+    """Positions at one point grouped by what they issued. A C++-issued call the Flight Recorder did not
+    name on some rank (a dead rank cannot dump it) is compared as "issued from C++" on every rank."""
+    unnamed = any(p.call.op == CPP_OP for p in here)
+    sides: dict[tuple, list[Position]] = defaultdict(list)
+    for p in here:
+        sig = _signature(ctx, p)
+        if unnamed and p.call.fingerprint.startswith(CPP_PREFIX):
+            sig = (CPP_OP,)
+        sides[sig].append(p)
+    return dict(sides)
 
 
 def _signature(ctx: Context, p: Position) -> tuple:
@@ -979,10 +990,7 @@ def _crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     calls = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
     if any(c is None for c in calls.values()):
         return []
-    sides: dict[tuple, list[Position]] = defaultdict(list)
-    for r, c in calls.items():
-        p = Position(r, "blocked", c, ctx.by_rank[r].main_site)
-        sides[_signature(ctx, p)].append(p)
+    sides = _sides(ctx, [Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()])
     if len(sides) < 2:
         return []
     ctx.pos = {r: Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()}
