@@ -419,6 +419,15 @@ def _blocked(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[
         if p.call.op not in P2P:
             points[(p.call.group, p.call.seq)].append(p)
     for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.call.t_enter for p in kv[1])):
+        # Members that already passed this point: what they issued there (their call completed on their
+        # side, e.g. gloo finished a send of the wrong size) counts too.
+        there = {p.rank for p in here}
+        for m in ctx.members(here[0].rank, group):
+            g = ctx.by_rank[m].groups.get(group) if m in ctx.by_rank and m not in there else None
+            if g is not None and g.seq > seq:
+                c = ctx.named(m, ctx.call_at(m, group, seq))
+                if c is not None and c.op not in P2P:
+                    here = here + [Position(m, "passed", c, None)]
         sides = _sides(ctx, here)
         if len(sides) > 1:
             return [_desync(ctx, group, seq, list(sides.values()), waiting)]
