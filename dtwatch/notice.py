@@ -49,16 +49,20 @@ def _site(site: dict | None) -> str:
     return f"{text} `{src}`" if src else text
 
 
-def _where(op: str | None, group: str | None, seq: int | None, site: dict | None, lead: str = "in") -> str:
+def _where(op: str | None, group: str | None, seq: int | None, site: dict | None, lead: str = "in",
+           root: bool = False) -> str:
+    """``in OP (group, seq) at LINE``; for a culprit (``root``) the line is the finding's root-cause line,
+    which need not be the op's own (a loop exit, a raise, the rank test)."""
     parts = []
     if op == CPP_OP:
         op = "a collective issued from C++ (DDP/FSDP)"
     if op:
         call = op + (f" (group {group}, seq {seq})" if group is not None and seq is not None else "")
         parts.append(f"{lead} {call}")
+    text = " ".join(parts)
     if site:
-        parts.append(f"at {_site(site)}")
-    return " ".join(parts) or "at an unknown point"
+        text += (f"; root cause at {_site(site)}" if root and text else f"{' ' if text else ''}at {_site(site)}")
+    return text or "at an unknown point"
 
 
 def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_dir: str) -> str:
@@ -67,7 +71,7 @@ def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_di
     head = f"{verdict_.upper()} [{f.kind}] "
     if f.ranks:
         lead = "last seen in" if f.kind == "rank_exited" else "in"  # it ended: not inside that call any more
-        lines = [head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead)}"]
+        lines = [head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead, root=True)}"]
         if f.waiting_ranks:
             verb = "waits" if len(set(f.waiting_ranks)) == 1 else "wait"
             lines.append(f"  {fmt_ranks(f.waiting_ranks)} {verb} "

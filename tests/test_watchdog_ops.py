@@ -346,6 +346,6 @@ def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, ca
     (tmp_path / "events-n.jsonl").write_text(json.dumps(lost) + "\n")
     assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 3) == 3
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6) at /job/train.py:11 `dist.barrier()`"
+    assert err[0] == "dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6); root cause at /job/train.py:11 `dist.barrier()`"
     assert err[1] == "dtwatch:   rank 1 waits in all_reduce (group 0, seq 6)"
     assert err[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3 (torchrun exited with 1)")
