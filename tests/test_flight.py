@@ -18,7 +18,7 @@ import pytest
 
 from dtwatch.bundle import summarize_flight_record
 from dtwatch.diagnose import RecordedEvidence
-from dtwatch.diagnose.decide import Context
+from dtwatch.diagnose.context import Context
 from dtwatch.flight import OP_ID, SEQ, SeqMapping, calibrate, default_mapping, entry_for, op_family, summarize_entry
 from dtwatch.state import CPP_OP, Call, from_snapshot
 

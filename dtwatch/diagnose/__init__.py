@@ -6,9 +6,11 @@ a clock, the stall window and an :class:`Evidence` reader (source lines, the sta
 check, loops, stacks, Flight Recorder entries, how processes ended); its output is typed findings.
 It does no I/O and does not change its inputs' meaning (it settles per-group completion counts).
 
-Layout: :mod:`.positions` (where each rank is; the stall decision), :mod:`.decide` (who is the
-culprit), :mod:`.text` (every sentence), :mod:`.warn` (warnings without a stall), :mod:`.evidence`
-and :mod:`.source` (what the decisions may look at).
+Layout: :mod:`.positions` (where each rank is; the stall decision); :mod:`.decide` dispatching to
+:mod:`.ended` (ranks that ended), :mod:`.idle` (wedged or idle ranks), :mod:`.compare` (ranks that
+all issued something: alignment, desyncs, waits across groups), :mod:`.loops` (uneven iterations),
+with :mod:`.context` (the questions they share); :mod:`.text` (every sentence); :mod:`.warn`
+(warnings without a stall); :mod:`.evidence` and :mod:`.source` (what the decisions may look at).
 
 The kinds (:class:`Kind`), in the order they are tested:
 

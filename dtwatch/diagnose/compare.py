@@ -1,0 +1,391 @@
+"""Ranks that all issued something: where they took different paths, and who deviated.
+
+At one group and sequence number: the same line with other arguments (``mismatch``), one side past
+a loop the other is still in (uneven iterations), the same calls in another order (``desync``), or a
+call only some ranks make (``rank_conditional``). Across groups and p2p pairs: who waits for whom,
+and which rank moved past a call its peers wait in. Before either, program-order alignment: the first
+earlier point where the ranks issued different calls that still completed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..state import CPP_OP, Call
+from .context import P2P, _MATCHING_P2P, Context
+from .loops import uneven
+from .model import STALL, Finding, Kind, Position
+from .text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
+
+
+def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
+    """Program-order alignment: the first sequence number, before where the ranks now wait, at which
+    the members of a group issued different collectives (another op, or the same op with another shape)
+    and the calls still completed. Only what is known on every member counts (Python-issued calls, and
+    C++-issued ones named by the Flight Recorder)."""
+    waiting = sorted(p.rank for p in blocked)
+    live = [s for s in ctx.states if not s.gone]
+    groups = sorted({g for s in live for g in s.groups})
+    for group in groups:
+        members = [s.rank for s in live if group in s.groups]
+        if len(members) < 2:
+            continue
+        upto = min(ctx.by_rank[m].groups[group].completed for m in members)
+        known: set[int] = set()
+        for m in members:
+            known |= {c.seq for c in ctx.by_rank[m].groups[group].recent if c.seq <= upto}
+            summary = ctx.ev.flight_record(m) or {}
+            for e in summary.get("entries") or []:
+                for key in ("op_id", "seq"):
+                    if isinstance(e.get(key), int) and e[key] <= upto:
+                        known.add(int(e[key]))
+        for seq in sorted(known):
+            calls = {m: ctx.named(m, ctx.call_at(m, group, seq)) for m in members}
+            if any(c is None or c.op == CPP_OP or c.op in P2P for c in calls.values()):
+                continue
+            if len({_op_shape(c) for c in calls.values()}) < 2:
+                continue
+            sides: dict[tuple, list[Position]] = defaultdict(list)
+            for m, c in calls.items():
+                sides[_op_shape(c)].append(Position(m, "blocked", c, None))
+            now_pos = ctx.pos
+            ctx.pos = {**ctx.pos, **{m: Position(m, "blocked", c, None) for m, c in calls.items()}}
+            ctx.past = True
+            try:
+                f = desync(ctx, group, seq, list(sides.values()), members)
+            finally:
+                ctx.pos, ctx.past = now_pos, False
+            fields, waiting_txt = ctx.waiting(waiting)
+            f.summary = sentence(f.summary, "those calls were paired with each other and completed, so the ranks "
+                                 "went on out of step", f"now {waiting_txt}" if waiting_txt else "")
+            f.details["diverged_at"] = {"group": group, "seq": seq}
+            for k, v in fields.items():
+                setattr(f, k, v)
+            return f
+    return None
+
+
+def _op_shape(c: Call) -> tuple:
+    """What must agree across ranks at one sequence number: the op, and the shape where both sides
+    state it the same way (Python-issued fingerprints)."""
+    from ..flight import op_family
+
+    return (op_family(c.op), c.fingerprint if not c.fingerprint.startswith(CPP_PREFIX) else "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# every rank has issued something: compare them
+# ---------------------------------------------------------------------------------------------------
+def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) -> list[Finding]:
+    # 1. Ranks at the same group and sequence number in different calls: they took different paths.
+    # (p2p calls pair with their peer's matching call, not by sequence number: they are followed below.)
+    points: dict[tuple[str, int], list[Position]] = defaultdict(list)
+    for p in blocked:
+        if p.call.op not in P2P:
+            points[(p.call.group, p.call.seq)].append(p)
+    for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.call.t_enter for p in kv[1])):
+        # Members that already passed this point: what they issued there (their call completed on their
+        # side, e.g. gloo finished a send of the wrong size) counts too.
+        there = {p.rank for p in here}
+        for m in ctx.members(here[0].rank, group):
+            g = ctx.by_rank[m].groups.get(group) if m in ctx.by_rank and m not in there else None
+            if g is not None and g.seq > seq:
+                c = ctx.named(m, ctx.call_at(m, group, seq))
+                if c is not None and c.op not in P2P:
+                    here = here + [Position(m, "passed", c, None)]
+        sides = sides_at(ctx, here)
+        if len(sides) > 1:
+            return [desync(ctx, group, seq, list(sides.values()), waiting)]
+
+    # 2. Someone waits for ranks that have not issued the call: follow who waits for whom.
+    edges = [(p, m) for p in blocked for m in ctx.missing(p.rank, p.call)]
+    if edges:
+        return [_wait_cycle(ctx, edges, waiting)]
+
+    # 3. Everyone seen is in the same collective and nobody seen is missing.
+    p = min(blocked, key=lambda q: q.call.t_enter)
+    fields, _ = ctx.waiting(waiting)
+    site = ctx.user_site(p.rank, p.call)
+    world = max(s.world_size for s in ctx.states)
+    unseen = sorted(set(ctx.members(p.rank, p.call.group)) - set(ctx.by_rank)) if ctx.by_rank[p.rank].groups.get(
+        p.call.group) and ctx.by_rank[p.rank].groups[p.call.group].members else sorted(set(range(world)) - set(ctx.by_rank))
+    if unseen:
+        seen = sorted(ctx.by_rank)
+        parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside {describe(p.call)} at "
+                 f"{ctx.fmt(site)}",
+                 f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: no ring "
+                 "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
+                 f"{'it' if len(unseen) == 1 else 'they'} issued this call is not known"]
+    else:
+        parts = [f"all ranks are inside {describe(p.call)} at {ctx.fmt(site)} and none is missing",
+                 "the collective itself is not completing (network, transport, or a peer outside this job)"]
+    return [Finding(
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
+        op=p.call.op, group=p.call.group, seq=p.call.seq, site=ctx.site(site),
+        details={"unseen_ranks": unseen}, **fields,
+    )]
+
+
+def sides_at(ctx: Context, here: list[Position]) -> dict[tuple, list[Position]]:
+    """Positions at one point grouped by what they issued. A C++-issued call the Flight Recorder did not
+    name on some rank (a dead rank cannot dump it) is compared as "issued from C++" on every rank."""
+    unnamed = any(p.call.op == CPP_OP for p in here)
+    sides: dict[tuple, list[Position]] = defaultdict(list)
+    for p in here:
+        sig = _signature(ctx, p)
+        if unnamed and p.call.fingerprint.startswith(CPP_PREFIX):
+            sig = (CPP_OP,)
+        sides[sig].append(p)
+    return dict(sides)
+
+
+def _signature(ctx: Context, p: Position) -> tuple:
+    c = p.call
+    if c.op == CPP_OP:
+        return (CPP_OP,)
+    if c.fingerprint.startswith(CPP_PREFIX):
+        return (c.fingerprint,)  # DDP/FSDP's own call: the same on every rank whatever line led there
+    user = ctx.user_site(p.rank, c)
+    return (c.fingerprint, (user or {}).get("file"), (user or {}).get("line"))
+
+
+def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], waiting: list[int]) -> Finding:
+    """Ranks at the same point of a group in different calls."""
+    sides = sorted(sides, key=lambda side: (len(side), min(p.rank for p in side)))
+    # Same line, different op/dtype/shape: the ranks disagree on the arguments of one call.
+    python = [side for side in sides if side[0].call.op != CPP_OP]
+    by_line: dict[tuple, list[list[Position]]] = defaultdict(list)
+    for side in python:
+        by_line[tuple(sorted(filter(None, [side[0].call.site_key, _key(ctx.user_site(side[0].rank, side[0].call))])))].append(side)
+    for line_sides in by_line.values():
+        if len(line_sides) > 1:
+            return _mismatch(ctx, group, seq, line_sides, waiting)
+
+    # A side that left the loop the others are still in: uneven iterations.
+    for side in (sides if not ctx.past else []):
+        ranks = [p.rank for p in side]
+        others = [p for s2 in sides if s2 is not side for p in s2]
+        f = uneven(ctx, ranks, [r for r in waiting if r not in ranks], positions_known=True, inside=others, side=side)
+        if f:
+            return f
+
+    # The same calls in a different order.
+    swap = _order_swap(ctx, group, sides)
+    if swap:
+        return _swapped(ctx, group, seq, swap, sides, waiting)
+
+    # One side runs a collective the others do not: the side under a rank-conditional branch.
+    # One side makes a call the other does not. The deviant is the smaller side; between equal sides,
+    # the one under a rank test. If the deviant is under no rank test but the others are (``if rank != 0:
+    # dist.broadcast_object_list(...)``), the others' branch left it out: it skipped their call.
+    branches = {id(side): ctx.branch(side[0].rank, side[0].call) for side in sides}
+    scored = sorted(sides, key=lambda side: (len(side), branches[id(side)] is None, side[0].call.op == CPP_OP,
+                                             min(p.rank for p in side)))
+    culprit = scored[0]
+    others = [p for side in sides if side is not culprit for p in side]
+    tie = len(scored) > 1 and len(scored[1]) == len(culprit)
+    if branches[id(culprit)] is None and not tie and not ctx.past:
+        majority = scored[-1]
+        if branches[id(majority)] is not None:
+            return _skipped(ctx, culprit, majority, waiting)
+    return conditional(ctx, culprit, others, waiting)
+
+
+def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiting: list[int]) -> Finding:
+    """``side`` did not make the call the majority is in, because the majority's rank test left it out."""
+    ranks = sorted(p.rank for p in side)
+    call = majority[0].call
+    site = ctx.user_site(majority[0].rank, call)
+    branch = ctx.branch(majority[0].rank, call)
+    mine = side[0].call
+    mine_site = ctx.user_site(side[0].rank, mine)
+    maj_ranks = sorted(p.rank for p in majority)
+    fields, _ = ctx.waiting(maj_ranks)
+    summary = sentence(
+        f"{fmt_ranks(ranks)} did not call {describe(call)} that {fmt_ranks(maj_ranks)} "
+        f"{verb(maj_ranks, 'waits', 'wait')} in at {ctx.fmt(site)}",
+        f"that call is under the rank test {ctx.fmt(branch)}",
+        f"{fmt_ranks(ranks)} went on to {describe(mine)} at {ctx.fmt(mine_site)}",
+    )
+    return Finding(
+        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=ranks, summary=summary,
+        op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
+        details={"pattern": "skipped_call", "conditional_line": branch,
+                 "culprit_position": {"op": mine.op, "group": mine.group, "seq": mine.seq, "site": ctx.site(mine_site)},
+                 "skipped_by": ranks},
+        **fields,
+    )
+
+
+def _key(site: dict | None) -> tuple | None:
+    return (site.get("file"), site.get("line")) if site else None
+
+
+def _mismatch(ctx: Context, group: str, seq: int, sides: list[list[Position]], waiting: list[int]) -> Finding:
+    ordered = sorted(sides, key=lambda side: (len(side), min(p.rank for p in side)))
+    minority = sorted(p.rank for p in ordered[0])
+    culprit = ordered[0][0]
+    site = ctx.user_site(culprit.rank, culprit.call)
+    fields, waiting_txt = ctx.waiting(r for r in waiting if r not in minority)
+    prints = "; ".join(f"{fmt_ranks(p.rank for p in side)}: {side[0].call.fingerprint}" for side in ordered)
+    return Finding(
+        kind=Kind.MISMATCH, severity=STALL, ranks=minority,
+        summary=sentence(f"group {group} seq {seq}: the ranks call {ctx.fmt(site)} with different arguments ({prints})",
+                         f"{fmt_ranks(minority)} {verb(minority, 'is', 'are')} the minority"),
+        op=culprit.call.op, group=group, seq=seq, site=ctx.site(site),
+        details={"fingerprints": {side[0].call.fingerprint: sorted(p.rank for p in side) for side in ordered}}, **fields,
+    )
+
+
+def _order_swap(ctx: Context, group: str, sides: list[list[Position]]) -> tuple | None:
+    """Two sides each in a call the other side made earlier in this group (same lines, other order)."""
+    if len(sides) != 2 or any(side[0].call.op == CPP_OP for side in sides):
+        return None
+    a, b = sides
+    key_a, key_b = _key(ctx.user_site(a[0].rank, a[0].call)), _key(ctx.user_site(b[0].rank, b[0].call))
+
+    def history(rank: int) -> set:
+        g = ctx.by_rank[rank].groups.get(group)
+        return {_key(ctx.user_site(rank, c)) for c in (g.recent if g else []) if c.t_exit}
+
+    if key_b in history(a[0].rank) and key_a in history(b[0].rank):
+        return (a, b)
+    return None
+
+
+def _swapped(ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[Position]], waiting: list[int]) -> Finding:
+    minority, majority = swap
+    branch = ctx.branch(minority[0].rank, minority[0].call)
+    ranks = sorted(p.rank for p in minority)
+    others = sorted(p.rank for p in majority)
+    site_m = ctx.user_site(minority[0].rank, minority[0].call)
+    site_o = ctx.user_site(majority[0].rank, majority[0].call)
+    fields, _ = ctx.waiting(others)
+    summary = sentence(
+        f"{fmt_ranks(ranks)} and {fmt_ranks(others)} issue the same collectives of group {group} in a different order: "
+        f"at seq {seq}, {fmt_ranks(ranks)} {verb(ranks, 'is', 'are')} in {op_name(minority[0].call)} at {ctx.fmt(site_m)}, "
+        f"while {fmt_ranks(others)} {verb(others, 'is', 'are')} in {op_name(majority[0].call)} at {ctx.fmt(site_o)}; "
+        "both lines ran on every rank earlier",
+        f"the branch {ctx.fmt(branch)} decides the order on {fmt_ranks(ranks)}" if branch else "",
+    )
+    return Finding(
+        kind=Kind.DESYNC, severity=STALL, ranks=ranks, summary=summary,
+        op=minority[0].call.op, group=group, seq=seq, site=ctx.site(site_m),
+        details={"pattern": "order_swap", "other_site": ctx.site(site_o), "conditional_line": branch}, **fields,
+    )
+
+
+def conditional(ctx: Context, side: list[Position], others_pos: list[Position], waiting: list[int],
+                 note: str | None = None) -> Finding:
+    """A collective only some ranks call (``side``) at a point where the others are in another call."""
+    call = side[0].call
+    ranks = sorted(p.rank for p in side)
+    others = sorted({p.rank for p in others_pos} | {r for r, p in ctx.pos.items() if r not in ranks and p.state != "gone"})
+    fields, waiting_txt = ctx.waiting(others)
+    branch = ctx.branch(side[0].rank, call)
+    site = ctx.user_site(side[0].rank, call)
+    details: dict = {"conditional_line": branch, "pattern": "extra_call"}
+    members = ctx.members(side[0].rank, call.group)
+    if len(members) < len(ctx.by_rank):
+        details["subgroup_members"] = members
+    details["skipped_by"] = sorted(set(members) - set(ranks))
+    if call.site and site and _key(call.site) != _key(site):
+        details["library_site"] = ctx.site(call.site)
+    decided = branch is not None or len(side) < len(others_pos)
+    being = "issued" if ctx.past else f"{verb(ranks, 'is', 'are')} in"
+    head = (f"{fmt_ranks(ranks)} {being} {describe(call)} at {ctx.fmt(site)}"
+            + (f" (through {ctx.fmt(call.site)})" if "library_site" in details else ""))
+    parts = [head]
+    if branch is not None:
+        parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}")
+    if others_pos:
+        other_ranks = sorted(p.rank for p in others_pos)
+        parts.append(f"at the same point {fmt_ranks(other_ranks)} "
+                     f"{'issued' if ctx.past else verb(other_ranks, 'is', 'are') + ' in'} "
+                     f"{describe(others_pos[0].call)} at {ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].call))}")
+    else:
+        parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")
+    if waiting_txt and not others_pos:
+        parts.append(waiting_txt)
+    if not decided:
+        parts.append("the two sides are the same size and no rank-conditional branch was found, so which side "
+                     "deviates is not known")
+    if note:
+        parts.append(note)
+    return Finding(
+        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=ranks, summary=sentence(*parts),
+        op=call.op, group=call.group, seq=call.seq, site=ctx.site(site), details=details, **fields,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# waits across groups and p2p
+# ---------------------------------------------------------------------------------------------------
+def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[int]) -> Finding:
+    """Blocked ranks wait for ranks that are themselves blocked elsewhere. The deviant is the rank that
+    moved past a call its peers issued; a call its peers made under a rank-conditional branch that it
+    never made is the peers' extra call instead."""
+    def order(edge: tuple[Position, int]) -> tuple:
+        p, m = edge
+        p2p = p.call.op in P2P
+        return (not p2p, len(ctx.members(p.rank, p.call.group)), p.call.t_enter, p.rank, m)
+
+    p, m = sorted(edges, key=order)[0]
+    call = p.call
+    site = ctx.user_site(p.rank, call)
+    pm = ctx.pos.get(m)
+    m_call = pm.call if pm is not None else None
+    if pm is not None and m_call is not None:
+        # The missing rank waits after the loop the waiter is still in: it ran fewer iterations.
+        f = uneven(ctx, [m], [r for r in waiting if r != m], positions_known=True, inside=[p], side=[pm])
+        if f:
+            return f
+    g = ctx.by_rank[m].groups.get(call.group)
+    made_before = site is not None and g is not None and any(
+        _key(ctx.user_site(m, c)) == _key(site) for c in g.recent)
+    branch = ctx.branch(p.rank, call)
+    waiters = sorted({q.rank for q, mm in edges if mm == m and q.call.group == call.group})
+    members = ctx.members(p.rank, call.group)
+    absent = [r for r in members if r not in waiters and r != p.rank]
+    issued_by = len(set(waiters) | {p.rank})
+    if call.op not in P2P and not made_before and m_call is not None and (
+            issued_by < len(absent) or (issued_by == len(absent) and branch is not None)):
+        # Fewer members made the call than did not (or as many, and theirs is under a rank test):
+        # the waiters made an extra call.
+        side = [ctx.pos[r] for r in waiters]
+        return conditional(ctx, side, [], waiting)
+    if call.op in P2P:
+        # The line of the matching call in the culprit's own history: the call it skipped this time.
+        g_m = ctx.by_rank[m].groups.get(call.group)
+        expected_ops = ("send", "isend") if call.op in ("recv", "irecv") else ("recv", "irecv")
+        mine = [c for c in (g_m.recent if g_m else []) if c.op in expected_ops
+                and getattr(c, "peer", p.rank) in (p.rank, -1, None)]
+        if mine:
+            made_before = True
+            site = ctx.user_site(m, mine[-1])
+            branch = ctx.branch(m, mine[-1]) or branch
+    m_site = ctx.user_site(m, m_call)
+    expected = _MATCHING_P2P.get(call.op, call.op)
+    parts = [
+        f"rank {m} did not issue {'the ' + expected + ' matching the ' + call.op if call.op in P2P else call.op} "
+        f"(group {call.group}, seq {call.seq}) that {fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in"
+        + (f"; rank {m} makes it at {ctx.fmt(site)}" if call.op in P2P and made_before else f" at {ctx.fmt(site)}"),
+    ]
+    if made_before:
+        parts.append(f"rank {m} made that call at the same line earlier, so it skipped it this time")
+    if m_call is not None:
+        its_missing = ctx.missing(m, m_call)
+        parts.append(f"rank {m} went on to {describe(m_call)} at {ctx.fmt(m_site)}"
+                     + (f", where it waits for {fmt_ranks(its_missing)}" if its_missing else ""))
+    if not made_before:
+        parts.append(f"rank {m} either skipped the call or makes it later in a different order")
+    fields, _ = ctx.waiting(r for r in waiting if r != m)
+    return Finding(
+        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=[m], summary=sentence(*parts),
+        op=expected if call.op in P2P else call.op, group=call.group, seq=call.seq, site=ctx.site(site),
+        details={"pattern": "skipped_call", "skipped_call_site": ctx.site(site), "conditional_line": branch,
+                 "culprit_position": {"op": m_call.op, "group": m_call.group, "seq": m_call.seq,
+                                      "site": ctx.site(m_site)} if m_call else None,
+                 "made_before": made_before, "waiting_in": describe(call),
+                 "subgroup_members": ctx.members(p.rank, call.group)},
+        **fields,
+    )

@@ -1,0 +1,260 @@
+"""What every decision of one diagnosis shares: the ranks' states and positions, the evidence, and
+the questions asked of them (the user's line of a call, the rank test it runs under, what a rank
+issued at a sequence number, who a blocked rank waits for, how a rank ended)."""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from ..flight import SEQ, SeqMapping, calibrate, entry_for
+from ..state import CPP_OP, Call, RankState
+from .evidence import Evidence
+from .model import Finding, Position
+from .text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_source
+from .warn import loader_evidence
+
+P2P = ("send", "recv", "isend", "irecv")
+_MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
+_AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)
+
+
+def is_library_path(path: str) -> bool:
+    """Third-party or standard-library code (not the user's): the user's line is outside these."""
+    if not path or path.startswith("<"):
+        return True
+    parts = path.replace("\\", "/").split("/")
+    return "site-packages" in parts or "dist-packages" in parts or "<site-packages>" in parts or \
+        "<stdlib>" in parts or any(p.startswith("python3") and i > 0 and parts[i - 1] == "lib" for i, p in enumerate(parts))
+
+
+class Context:
+    """What every finding of one diagnosis shares: states, positions, evidence, loader and step facts."""
+
+    def __init__(self, states: list[RankState], pos: dict[int, Position], onset: float, now: float,
+                 evidence: Evidence) -> None:
+        self.states, self.pos, self.onset, self.now, self.ev = states, pos, onset, now, evidence
+        self.by_rank = {s.rank: s for s in states}
+        self.loaders = loader_evidence(states)
+        self.steps = {s.rank: s.step for s in states}
+        self._fr_mappings: dict = {}
+        self.past = False  # describing calls the ranks made earlier (completed), not where they are now
+        self.issued_from_cpp: dict[int, dict] = {}  # rank -> the FR entry that named its C++-issued call
+        self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
+                    for r, p in pos.items()}
+
+    # -- collectives issued from C++ ---------------------------------------------------------------
+    def fr_entry(self, rank: int, group: str, seq: int) -> dict | None:
+        """The rank's Flight Recorder entry for ``group``'s call number ``seq``, with the numbering
+        calibrated on the rank's own Python-issued calls (dtwatch.flight)."""
+        summary = self.ev.flight_record(rank)
+        entries = (summary or {}).get("entries") or []
+        if not entries:
+            return None
+        mapping = self._fr_mappings.get(rank)
+        if mapping is None:
+            s = self.by_rank[rank]
+            calls = [c for g in s.groups.values() for c in g.recent]
+            mapping = self._fr_mappings[rank] = calibrate(entries, calls, s.backend)
+        found = entry_for(entries, group, seq, mapping)
+        if found is None and mapping.field not in entries[0]:
+            # Summaries written before op_id was kept: collective_seq_id (right while the group had no p2p).
+            found = entry_for(entries, group, seq, SeqMapping(SEQ))
+        return found
+
+    def named(self, rank: int, call: Call | None) -> Call | None:
+        """A call issued from C++ (DDP/FSDP), named and placed from the rank's Flight Recorder entry for
+        the same group and sequence number (its op, sizes and the user's line in its frames)."""
+        if call is None or call.op != CPP_OP:
+            return call
+        entry = self.fr_entry(rank, call.group, call.seq)
+        if entry is None:
+            return call
+        op = str(entry.get("op") or "") or CPP_OP
+        sizes = entry.get("input_sizes") or []
+        shape = "x".join(str(d) for d in sizes[0]) if sizes and isinstance(sizes[0], list) else "?"
+        dtype = (entry.get("input_dtypes") or ["?"])[0]
+        user = entry.get("user_site") or next((f for f in fr_frames(entry) if not is_library_path(f["file"])), None)
+        self.issued_from_cpp[rank] = {**entry, "seq_mapping": self._fr_mappings[rank].to_dict()}
+        return Call(op=op, group=call.group, seq=call.seq, site=user or call.site, t_enter=call.t_enter,
+                    fingerprint=f"{CPP_PREFIX}{op}[{dtype}:{shape}]", user_site=user or call.site)
+
+    # -- sites ------------------------------------------------------------------------------------
+    def site(self, site: dict | None) -> dict | None:
+        return with_source(site, self.ev)
+
+    def fmt(self, site: dict | None) -> str:
+        return fmt_site(self.site(site), self.ev)
+
+    def user_site(self, rank: int, call: Call | None) -> dict | None:
+        """The user's line for a call: where user code called into torch or a library."""
+        if call is None:
+            return None
+        if call.op == CPP_OP:
+            frames = self.frames(rank, None)
+            return frames[0] if frames else None
+        user = getattr(call, "user_site", None)
+        return user or call.site
+
+    def frames(self, rank: int, call: Call | None) -> list[dict]:
+        """The user-code lines a rank is at, innermost first: the call's user line and library line,
+        then the sampled main-thread stack (py-spy's, when taken, for a rank that is not sampling)."""
+        s = self.by_rank[rank]
+        out: list[dict] = []
+        if s.gone:  # where it was when it died (faulthandler's record of the fatal signal or SIGTERM)
+            out += [f for f in (self.ev.ending(rank) or {}).get("frames") or [] if not is_library_path(str(f.get("file", "")))]
+        if call is not None and call.op != CPP_OP:
+            for site in (getattr(call, "user_site", None), call.site):
+                if site:
+                    out.append(site)
+        stack = list(s.main_stack) or ([s.main_site] if s.main_site else [])
+        out += [f for f in stack if f]
+        seen, unique = set(), []
+        for f in out:
+            key = (f.get("file"), f.get("line"))
+            if key not in seen:
+                seen.add(key)
+                unique.append(f)
+        return unique
+
+    def branch(self, rank: int, call: Call | None) -> dict | None:
+        """The rank-conditional ``if`` that the call (or the code path to it) runs under."""
+        for f in self.frames(rank, call):
+            if is_library_path(str(f.get("file", ""))):
+                continue
+            found = self.ev.rank_branch(str(f["file"]), int(f["line"]))
+            if found:
+                line, text = found
+                return {"file": f["file"], "line": line, "function": f.get("function"), "source": text,
+                        "call_line": f["line"]}
+        return None
+
+    # -- calls ------------------------------------------------------------------------------------
+    def call_at(self, rank: int, group: str, seq: int) -> Call | None:
+        """What ``rank`` issued as sequence number ``seq`` of ``group``, if known."""
+        p = self.pos.get(rank)
+        if p is not None and p.call is not None and p.call.group == group and p.call.seq == seq:
+            return p.call
+        s = self.by_rank[rank]
+        g = s.groups.get(group)
+        if g is None:
+            return None
+        for c in reversed(g.recent):
+            if c.seq <= seq < c.seq + max(1, c.span):
+                return c
+        covered = not g.recent or min(c.seq for c in g.recent) <= seq
+        if g.cpp_seq >= seq and covered:  # not a Python-issued call: DDP/FSDP issued it from C++
+            return Call(op=CPP_OP, group=group, seq=seq, site=s.main_site, t_enter=g.cpp_seq_time, fingerprint=CPP_OP)
+        return None
+
+    def last_call(self, rank: int) -> Call | None:
+        """The rank's latest collective, Python-issued or issued from C++ (DDP/FSDP)."""
+        s = self.by_rank[rank]
+        last = s.last_call()
+        for g in s.groups.values():
+            if g.cpp_seq > g.py_seq and (last is None or g.cpp_seq_time > last.t_enter):
+                last = Call(op=CPP_OP, group=g.name, seq=g.cpp_seq, site=s.main_site, t_enter=g.cpp_seq_time,
+                            fingerprint=CPP_OP)
+        return last
+
+    def members(self, rank: int, group: str) -> list[int]:
+        g = self.by_rank[rank].groups.get(group)
+        if g is not None and g.members:
+            return list(g.members)
+        return sorted(self.by_rank)
+
+    def missing(self, rank: int, call: Call) -> list[int]:
+        """The ranks ``rank`` waits for in ``call``: members that have not issued it."""
+        if call.op in P2P:
+            peer = getattr(call, "peer", -1)
+            peers = [peer] if peer is not None and peer >= 0 else [m for m in self.members(rank, call.group) if m != rank]
+            out = []
+            for m in peers:
+                pm = self.pos.get(m)
+                mc = pm.call if pm is not None else None
+                if mc is None or mc.op not in P2P or getattr(mc, "peer", rank) not in (rank, -1, None):
+                    out.append(m)
+            return out
+        out = []
+        for m in self.members(rank, call.group):
+            if m == rank or m not in self.by_rank:
+                continue
+            g = self.by_rank[m].groups.get(call.group)
+            if g is None or g.seq < call.seq:
+                out.append(m)
+        return out
+
+    def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
+        """Finding fields and a phrase for the ranks that wait on the culprits."""
+        ranks = sorted(set(ranks))
+        calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
+        first = min(calls, key=lambda p: p.call.t_enter) if calls else None
+        site = self.user_site(first.rank, first.call) if first else None
+        fields = dict(
+            waiting_ranks=ranks, waiting_op=first.call.op if first else None,
+            waiting_group=first.call.group if first else None, waiting_seq=first.call.seq if first else None,
+            waiting_site=self.site(site) if first else None, onset=self.onset, detected=self.now,
+        )
+        if not ranks:
+            return fields, ""
+        if first is None:
+            return fields, f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for it"
+        where = {(self.pos[r].call.group, self.pos[r].call.seq, self.pos[r].call.op) for r in ranks
+                 if self.pos.get(r) is not None and self.pos[r].call is not None}
+        text = f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
+        if len(where) > 1:
+            text = f"{fmt_ranks(ranks)} wait, the first in {describe(first.call)} at {self.fmt(site)}"
+        return fields, text
+
+    def how_it_ended(self, s: RankState) -> str:
+        if s.exit_state == "exception":
+            return f"raised {trim(_strip_location(s.exit_reason), 240)}"
+        if s.exit_state == "exited":
+            return "exited normally (returned or called sys.exit)"
+        if s.exit_state == "detached":
+            return "uninstalled dtwatch"
+        ending = self.ev.ending(s.rank)
+        if ending and ending.get("signal"):
+            sig = ending["signal"]
+            if sig == "SIGABRT":
+                return "was aborted (SIGABRT, raised by native code such as a gloo or NCCL check)"
+            if sig == "SIGTERM":
+                return "was terminated (SIGTERM: the launcher tearing the job down, or a scheduler)"
+            return f"was killed by {sig}"
+        if s.alive is False:
+            return "ended without a Python exception or a normal exit (killed by a signal; which one was not recorded)"
+        return "is running"
+
+
+_FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+
+
+def fr_frames(entry: dict) -> list[dict]:
+    """A Flight Recorder entry's frames ("name (file:line)", innermost first) as sites."""
+    out = []
+    for text in entry.get("frames") or []:
+        m = _FR_FRAME.match(str(text))
+        if m:
+            out.append({"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")})
+    return out
+
+
+def _strip_location(reason: str) -> str:
+    m = _AT_LINE.match(reason or "")
+    return m.group("reason") if m else (reason or "")
+
+
+def exception_site(s: RankState) -> dict | None:
+    """The line an exception was raised at, from the exit reason ("... at FILE:LINE")."""
+    m = _AT_LINE.match(s.exit_reason or "")
+    if not m:
+        return None
+    return {"file": m.group("file"), "line": int(m.group("line"))}
+
+
+def with_cpp_entries(ctx: Context, findings: list[Finding]) -> list[Finding]:
+    """Findings that involve C++-issued calls carry the Flight Recorder entries that named them."""
+    for f in findings:
+        for r in sorted(set(f.ranks) | set(f.waiting_ranks)):
+            if r in ctx.issued_from_cpp:
+                f.details.setdefault("issued_from_cpp", {})[str(r)] = ctx.issued_from_cpp[r]
+    return findings

@@ -1,0 +1,166 @@
+"""Ranks that ended while others need them: the root (not the launcher's teardown), how it ended, and
+a crash that followed a desync reported as the desync."""
+from __future__ import annotations
+
+from ..state import RankState
+from .compare import conditional, desync, sides_at
+from .context import P2P, Context, exception_site, is_library_path, with_cpp_entries
+from .evidence import Evidence
+from .loops import early_exit_loop, is_return, past_loop, uneven
+from .model import PEER_ERRORS, STALL, Finding, Kind, Position
+from .text import describe, fmt_ranks, sentence, trim
+
+
+# ---------------------------------------------------------------------------------------------------
+# ranks that ended
+# ---------------------------------------------------------------------------------------------------
+def gone_findings(ctx: Context, gone: list[int], waiting: list[int]) -> list[Finding]:
+    by_rank = ctx.by_rank
+    clean = [r for r in gone if by_rank[r].exit_state == "exited"]
+    if len(clean) == len(gone):
+        f = uneven(ctx, clean, waiting, positions_known=False, exited=True)
+        if f:
+            return [f]
+        blocked = [ctx.pos[r] for r in waiting if ctx.pos[r].call is not None]
+        first = min(blocked, key=lambda p: p.call.t_enter) if blocked else None
+        if first is not None and first.call.op not in P2P and ctx.branch(first.rank, first.call):
+            side = [p for p in blocked if p.key() == first.key()]
+            return [conditional(ctx, side, [], waiting, f"{fmt_ranks(clean)} exited normally")]
+    roots = _roots(ctx, [by_rank[r] for r in gone]) or gone
+    return [exited(ctx, r, [x for x in waiting if x not in roots]) for r in sorted(roots)]
+
+
+
+def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
+    s = ctx.by_rank[r]
+    last = ctx.last_call(r)
+    fields, waiting_txt = ctx.waiting(others)
+    raised_at = exception_site(s) if s.exit_state == "exception" else None
+    site = raised_at or ctx.user_site(r, last)
+    parts = [f"rank {r} {ctx.how_it_ended(s)}"]
+    details: dict = {}
+    if raised_at:
+        parts.append(f"at {ctx.fmt(raised_at)}")
+    elif s.exit_state == "exited":
+        # Returned from inside the loop the others are still in: name that return and its rank test.
+        fact = early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
+        if fact is not None and is_return(fact["exits"][0][1]):
+            line, text = fact["exits"][0]
+            site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
+                    "source": text}
+            parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(site)}"
+                         + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
+            details["conditional_line"] = fact["branch"]
+    parts.append(f"its last collective was {describe(last)} at {ctx.fmt(ctx.user_site(r, last))}" if last
+                 else "it had issued no collective")
+    parts += [waiting_txt, extra]
+    return Finding(
+        kind=Kind.RANK_EXITED, severity=STALL, ranks=[r], summary=sentence(*parts),
+        op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
+        site=ctx.site(site),
+        details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host,
+                 "ending": ctx.ev.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last)), **details}, **fields,
+    )
+
+
+def _crashed_past_loop(ctx: Context, r: int, others: list[int], extra: str) -> Finding | None:
+    """A rank that ended after leaving the loop the others were still in (it crashed in the code after
+    the loop, e.g. a checkpoint whose collectives met the others' training step): uneven iterations."""
+    stack = (ctx.ev.ending(r) or {}).get("frames") or []
+    outer = [f for f in stack if not is_library_path(str(f.get("file", "")))]
+    fact = past_loop(ctx, outer, [ctx.pos[o] for o in others if o in ctx.pos]) if outer else None
+    if fact is None:
+        return None
+    f = exited(ctx, r, others, extra)
+    loop_txt = f"{ctx.fmt(fact['loop_site'])}"
+    inside = sorted(others)
+    f.kind = Kind.UNEVEN_ITERATIONS
+    f.summary = sentence(
+        f"rank {r} left the loop at {loop_txt} earlier than {fmt_ranks(inside)}: it was at {ctx.fmt(outer[0])}, "
+        f"after the loop, while they were still inside it at {ctx.fmt(fact['inside_site'])}",
+        f.summary,
+    )
+    f.site = ctx.site(fact["loop_site"])
+    f.details["crash_site"] = ctx.site(outer[0])
+    f.details["loop"] = {"file": fact["loop_site"]["file"], "line": fact["loop"].start,
+                         "exits": [list(e) for e in fact["loop"].exits]}
+    return f
+
+
+def _end_time(s: RankState) -> float:
+    return s.exit_time or s.heartbeat_time
+
+
+def _secondary(s: RankState) -> bool:
+    return s.exit_state == "exception" and any(w in s.exit_reason.lower() for w in PEER_ERRORS)
+
+
+def _roots(ctx: Context, ended: list[RankState]) -> list[int]:
+    """The ranks whose end started it: a raise, else a fatal signal recorded (not SIGTERM), else the
+    earliest silent death. Ranks that ended later by SIGTERM or silently are the launcher's teardown."""
+    crashed = [s for s in ended if s.exit_state != "exited" and not _secondary(s)]
+    if not crashed:
+        return []
+    raised = [s for s in crashed if s.exit_state == "exception"]
+    fatal = [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") not in (None, "SIGTERM")]
+    pool = raised or fatal or [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") != "SIGTERM"] or crashed
+    first = min(_end_time(s) for s in pool)
+    return sorted(s.rank for s in pool if _end_time(s) <= first + 1.0)
+
+
+def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> list[Finding]:
+    """Ranks that ended while others still needed them, diagnosed as soon as it happens (no window).
+
+    The root is the earliest rank that ended abnormally, not counting exceptions caused by a peer's
+    death (connection reset, communicator aborted, timeouts) nor ranks the launcher tore down. If only
+    clean exits remain, a rank that exited normally while a peer then failed on it is the root (it
+    returned early, or ran fewer iterations). Every rank ending at once (preemption, Ctrl-C) is not a
+    finding. A crash that follows a desync is reported as the desync.
+    """
+    ended = [s for s in states if s.gone]
+    if not ended or len(states) < 2:
+        return []
+    pos = {s.rank: Position(s.rank, "gone", s.last_call(), None) for s in states}
+    ctx = Context(states, pos, min(_end_time(s) for s in ended), now, evidence)
+    roots = _roots(ctx, ended)
+    if roots:
+        desync = crash_desync(ctx, roots)
+        if desync:
+            return desync
+        if len(roots) == len(states):
+            return []  # everything ended at once: preemption, Ctrl-C, a node lost; nothing to single out
+        others = [s.rank for s in states if s.rank not in roots]
+        torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(s) and s.exit_state != "exited")
+        extra = f"{fmt_ranks(torn)} then ended too (the launcher's teardown)" if torn else ""
+        return [_crashed_past_loop(ctx, r, others, extra) or exited(ctx, r, others, extra) for r in roots]
+    clean = sorted(s.rank for s in ended if s.exit_state == "exited")
+    failed = [s.rank for s in states if _secondary(s)]
+    if clean and failed:
+        reasons = {s.rank: s.exit_reason for s in states if _secondary(s)}
+        extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
+        f = uneven(ctx, clean, failed, positions_known=False, exited=True)
+        if f:
+            f.summary = sentence(f.summary, extra)
+            return [f]
+        return [exited(ctx, r, failed, extra) for r in clean]
+    return []
+
+
+def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
+    """A crash that followed a desync: at the root's last (group, seq), ranks had issued different calls
+    (a Python collective on one rank meeting DDP's C++-issued all-reduce on the others included)."""
+    last = ctx.last_call(roots[0])
+    if last is None:
+        return []
+    calls = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
+    if any(c is None for c in calls.values()):
+        return []
+    sides = sides_at(ctx, [Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()])
+    if len(sides) < 2:
+        return []
+    ctx.pos = {r: Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()}
+    f = desync(ctx, last.group, last.seq, list(sides.values()), sorted(calls))
+    how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
+    f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
+    f.details["ended_by"] = {str(s.rank): ctx.how_it_ended(s) for s in ctx.states}
+    return with_cpp_entries(ctx, [f])

@@ -1,0 +1,59 @@
+"""Ranks not in any collective while others wait: wedged (not running Python) or stuck elsewhere."""
+from __future__ import annotations
+
+from .context import Context, is_library_path
+from .loops import uneven
+from .model import STALL, Finding, Kind, Position
+from .text import fmt_site, sentence
+
+
+def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
+    s = ctx.by_rank[p.rank]
+    fields, waiting_txt = ctx.waiting(r for r in waiting if r != p.rank)
+    state = {"T": "stopped (SIGSTOP or a debugger)", "D": "in uninterruptible I/O"}.get(s.proc_state, "not running Python code (the GIL is held, or it is stuck in native code)")
+    stack = ctx.ev.stack(p.rank)
+    user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
+    if user is not None:
+        where, site, source = f"py-spy shows it at {ctx.fmt(user)}", user, "py-spy"
+    else:
+        where, site, source = f"it was last seen at {ctx.fmt(s.main_site)}", s.main_site, "last sample"
+    summary = sentence(
+        f"rank {p.rank} is alive but unresponsive: {state}; its heartbeat is {s.heartbeat_age(ctx.now):.0f}s old",
+        where, waiting_txt,
+    )
+    return Finding(
+        kind=Kind.UNRESPONSIVE, severity=STALL, ranks=[p.rank], summary=summary,
+        op=p.call.op if p.call else None, group=p.call.group if p.call else None,
+        seq=p.call.seq if p.call else None, site=ctx.site(site),
+        details={"proc_state": s.proc_state, "heartbeat_age_s": round(s.heartbeat_age(ctx.now), 1),
+                 "main_top_site": s.main_top_site, "site_from": source, "pid": s.pid, "host": s.host},
+        **fields,
+    )
+
+
+def stuck_outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[Finding]:
+    f = uneven(ctx, outside, waiting, positions_known=False)
+    if f:
+        return [f]
+    findings = []
+    fields, waiting_txt = ctx.waiting(waiting)
+    first_group = fields["waiting_group"]
+    for r in outside:
+        s = ctx.by_rank[r]
+        stack = ctx.ev.stack(r)
+        top_user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
+        site = top_user or s.main_site
+        seq = s.groups[first_group].seq if first_group in s.groups else None
+        behind = f"it has issued up to seq {seq} of group {first_group}" if seq is not None else ""
+        summary = sentence(
+            f"rank {r} is not in any collective: it is at {ctx.fmt(site)}"
+            + (f" (innermost frame {fmt_site(s.main_top_site, ctx.ev)})" if s.main_top_site and s.main_top_site != site else "")
+            + f", for {ctx.now - s.main_site_since:.0f}s",
+            behind, waiting_txt,
+        )
+        findings.append(Finding(
+            kind=Kind.STUCK_OUTSIDE, severity=STALL, ranks=[r], summary=summary,
+            site=ctx.site(site), group=first_group, seq=seq,
+            details={"main_top_site": s.main_top_site, "main_stack": s.main_stack, "step": s.step}, **fields,
+        ))
+    return findings

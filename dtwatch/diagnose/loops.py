@@ -1,0 +1,142 @@
+"""Uneven iterations: ranks that left a loop the others are still in.
+
+Shown by DataLoader lengths, by step counts, or by positions - one side waits (or died) after the end
+of a loop, in the same function, that the other side's lines are still inside (the source's loop
+structure comes from the evidence); the loop's early exits (``break``/``return``) and their rank tests
+are the root-cause lines.
+"""
+from __future__ import annotations
+
+from .context import Context, is_library_path
+from .model import STALL, Finding, Kind, Position
+from .text import describe, fmt_ranks, sentence, verb
+
+
+# ---------------------------------------------------------------------------------------------------
+# uneven iterations
+# ---------------------------------------------------------------------------------------------------
+def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_known: bool,
+            inside: list[Position] | None = None, side: list[Position] | None = None,
+            exited: bool = False) -> Finding | None:
+    """``short`` left the loop the others are still in: shown by DataLoader lengths, step counts, or
+    positions (``short`` waits after the loop that the others' lines are inside)."""
+    loader = next((ld for ld in ctx.loaders if set(ld["short_ranks"]) & set(short)
+                   and not set(ld["short_ranks"]) - set(short) - {r for r in ctx.by_rank if ctx.by_rank[r].gone}), None)
+    short_steps = [ctx.steps[r] for r in short if r in ctx.steps]
+    long_ranks = [r for r in ctx.by_rank if r not in short]
+    long_steps = [ctx.steps[r] for r in long_ranks if r in ctx.steps]
+    # Fewer optimizer steps alone is evidence only for ranks that ended or wait after the loop (a rank
+    # stuck mid-step counts one step less than it will have).
+    fewer = bool(short_steps and long_steps and max(short_steps) < min(long_steps)) and \
+        (exited or positions_known or max(short_steps) + 1 < min(long_steps))
+    if side is not None and ctx.branch(side[0].rank, side[0].call) is not None:
+        return None  # the short side's call sits under a rank test: a rank-conditional call, not a loop exit
+    loop_fact = after_loop(ctx, side, inside) if positions_known and side and inside else None
+    if exited and loader is None and not fewer:
+        loop_fact = early_exit_loop(ctx, long_ranks)
+        if loop_fact is not None and is_return(loop_fact["exits"][0][1]):
+            return None  # it returned from the function, not just the loop: the rank exited (see exited())
+    if loader is None and not fewer and loop_fact is None:
+        return None
+    culprits = sorted(set(loader["short_ranks"]) & set(short)) if loader else sorted(short)
+    s0 = ctx.by_rank[culprits[0]]
+    call = side[0].call if side else ctx.last_call(culprits[0])
+    fields, waiting_txt = ctx.waiting(r for r in waiting if r not in culprits)
+    where = ""
+    if side:
+        where = f"{verb(culprits, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}"
+    elif s0.gone:
+        where = f"then {ctx.how_it_ended(s0)}"
+    else:
+        where = f"{verb(culprits, 'is', 'are')} outside any collective, at {ctx.fmt(s0.main_site)}"
+    parts = [f"{fmt_ranks(culprits)} left the loop earlier than the others and {where}"]
+    if loop_fact:
+        inner_site = loop_fact["inside_site"]
+        inside_ranks = sorted(p.rank for p in inside) if inside else sorted(r for r in long_ranks if r not in culprits)
+        in_call = f"in {describe(inside[0].call)} " if inside else ""
+        tense = verb(inside_ranks, "is", "are") if not exited else verb(inside_ranks, "was", "were")
+        parts.append(f"{fmt_ranks(inside_ranks)} {tense} still inside the loop at "
+                     f"{ctx.fmt(loop_fact['loop_site'])}, {in_call}at {ctx.fmt(inner_site)}")
+    elif waiting_txt:
+        parts.append(waiting_txt)
+    if loader:
+        parts.append(f"the DataLoader iterated at {ctx.fmt(loader['site'])} has different lengths per rank: "
+                     + ", ".join(f"rank {r}: {n}" for r, n in loader["lengths"].items()))
+    elif fewer:
+        parts.append("steps so far: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(ctx.steps.items())))
+    exits = (loop_fact.get("exits") or loop_fact["loop"].exits) if loop_fact else ()
+    branch = loop_fact.get("branch") if loop_fact else None
+    if not loader and exits:
+        parts.append("the loop can be left early at " + ", ".join(f"line {ln} `{text}`" for ln, text in exits[:3]))
+        if branch:
+            parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
+    if loader:
+        root = loader["site"]
+    elif exits:
+        root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
+    elif loop_fact:
+        root = loop_fact["loop_site"]  # the loop the ranks run a different number of times
+    else:
+        root = ctx.user_site(side[0].rank, call) if side else (call.site if call else None)
+    return Finding(
+        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=sentence(*parts),
+        op=call.op if call else None, group=call.group if call else None, seq=call.seq if call else None,
+        site=ctx.site(root),
+        details={"steps": {str(r): n for r, n in sorted(ctx.steps.items())}, "loaders": ctx.loaders,
+                 "post_loop_site": ctx.site(ctx.user_site(side[0].rank, call)) if side else None,
+                 "loop": {"file": loop_fact["loop_site"]["file"], "line": loop_fact["loop"].start,
+                          "exits": [list(e) for e in loop_fact["loop"].exits]} if loop_fact else None,
+                 "conditional_line": branch},
+        **fields,
+    )
+
+
+def early_exit_loop(ctx: Context, ranks: list[int]) -> dict | None:
+    """The loop the other ranks are still in, when it has an early exit (``break``/``return``): the
+    ranks that exited normally left through it. Exits under a rank test come first (they are the
+    likely cause: per-rank early stopping, ``if rank == 1: return``)."""
+    for r in ranks:
+        p = ctx.pos.get(r)
+        for f in ctx.frames(r, p.call if p is not None else None):
+            path = str(f.get("file", ""))
+            if is_library_path(path):
+                continue
+            for loop in ctx.ev.enclosing_loops(path, int(f["line"])):
+                if not loop.exits:
+                    continue
+                exits = sorted(loop.exits, key=lambda e: ctx.ev.rank_branch(path, e[0]) is None)
+                branch = ctx.ev.rank_branch(path, exits[0][0])
+                return {"loop": loop, "inside_site": f, "exits": exits,
+                        "branch": {"file": path, "line": branch[0], "source": branch[1]} if branch else None,
+                        "loop_site": {"file": path, "line": loop.start, "function": f.get("function"),
+                                      "source": loop.header}}
+    return None
+
+
+def after_loop(ctx: Context, side: list[Position], inside: list[Position]) -> dict | None:
+    """Whether ``side`` waits after a loop that ``inside``'s ranks are still in (same file)."""
+    return past_loop(ctx, ctx.frames(side[0].rank, side[0].call), inside)
+
+
+def past_loop(ctx: Context, outer: list[dict], inside: list[Position]) -> dict | None:
+    """Whether the frames ``outer`` are past (after) a loop that ``inside``'s ranks are still in."""
+    for q in inside:
+        for f_in in ctx.frames(q.rank, q.call):
+            path = str(f_in.get("file", ""))
+            if is_library_path(path):
+                continue
+            # The outermost loop around the inside frame that the short side's frame (same function)
+            # is past: the loop the short side left (an epoch loop, not only the batch loop in it).
+            for loop in reversed(ctx.ev.enclosing_loops(path, int(f_in["line"]))):
+                for f_out in outer:
+                    if f_out.get("file") == path and f_out.get("function") == f_in.get("function") \
+                            and int(f_out["line"]) > loop.end:
+                        return {"loop": loop, "inside_site": f_in,
+                                "loop_site": {"file": path, "line": loop.start, "function": f_in.get("function"),
+                                              "source": loop.header}}
+    return None
+
+
+def is_return(text: str) -> bool:
+    return text.startswith("return") or "exit(" in text
+
