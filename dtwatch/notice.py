@@ -71,7 +71,11 @@ def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_di
     head = f"{verdict_.upper()} [{f.kind}] "
     if f.ranks:
         lead = "last seen in" if f.kind == "rank_exited" else "in"  # it ended: not inside that call any more
-        lines = [head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead, root=True)}"]
+        first = head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead, root=True)}"
+        branch = (f.details or {}).get("conditional_line")
+        if isinstance(branch, dict) and (branch.get("file"), branch.get("line")) != ((f.site or {}).get("file"), (f.site or {}).get("line")):
+            first += f", under the rank test at {_site(branch)}"
+        lines = [first]
         if f.waiting_ranks:
             verb = "waits" if len(set(f.waiting_ranks)) == 1 else "wait"
             lines.append(f"  {fmt_ranks(f.waiting_ranks)} {verb} "
