@@ -1,7 +1,8 @@
 """dtwatch attaches however the default process group is created (real torchrun jobs, gloo, 2 ranks).
 
 Each route runs tests/scripts/init_routes.py; the rings are read back from this process. A route that
-needs a third-party library (Accelerate, Lightning) is skipped when it is not installed.
+needs a third-party library (Accelerate, Lightning) is skipped when it is not installed, except under
+CI, which installs both (the test extras) and fails instead.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.util
 import pytest
 
 from tests.test_recorder import collectives, site_lines
+from tests.tools import ON_CI
 
 LINES = site_lines("init_routes.py")
 NEEDS = {"accelerate": "accelerate", "lightning_fabric": "lightning"}
@@ -18,6 +20,8 @@ NEEDS = {"accelerate": "accelerate", "lightning_fabric": "lightning"}
 def run_route(torchrun, route: str):
     module = NEEDS.get(route)
     if module and importlib.util.find_spec(module) is None:
+        if ON_CI:
+            pytest.fail(f"{module} is not installed (pip install -e '.[test]' installs it)")
         pytest.skip(f"{module} is not installed")
     return torchrun("init_routes.py", 2, timeout=150, args=[route], env={"ACCELERATE_USE_CPU": "1"})
 
