@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
 from .ring import RingFormatError, read_ring
+from .stacks import process_ending
 from .state import RankState, from_snapshot
 
 
@@ -135,7 +136,13 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         now = max([s.heartbeat_time for s in ordered] + [s.last_activity for s in ordered], default=0.0)
     result_findings = list(findings.values())
     if not result_findings and ordered:
-        result_findings = diagnose(ordered, now, window, FileEvidence(), heartbeat_stale=float("inf"),
+        run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in ordered if s.ring_path}
+        starts = {s.rank: s.start_time for s in ordered}
+
+        def ending(rank: int) -> dict | None:
+            return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
+
+        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending), heartbeat_stale=float("inf"),
                                    assume_stalled=window == 0.0).findings
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}

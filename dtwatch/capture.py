@@ -20,6 +20,8 @@ Format 1, one JSON object (keys sorted, one top-level key and one rank state per
                   {file: {"lines": {"N": text}}} for library files (the referenced lines +-3)
     stacks        {"<rank>": py-spy threads (locals dropped, helper threads cut to their ends)}
     flight_records {"<rank>": Flight Recorder summary (latest entries per group)}
+    endings       {"<rank>": how the process ended when it could not say so itself (faulthandler:
+                  the fatal signal or SIGTERM, the main thread's frames)}
     findings_at_capture [Finding.to_dict(), ...] (what the watchdog said at the time)
     truth         {...} | null (what really happened, for the incident corpus)
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .stacks import process_ending
 from .ring import RingFormatError, find_rings, read_ring
 from .state import Call, RankState, from_snapshot
 
@@ -77,6 +80,7 @@ class Fixture:
     sources: dict[str, dict] = field(default_factory=dict)
     stacks: dict[str, Any] = field(default_factory=dict)
     flight_records: dict[str, dict] = field(default_factory=dict)
+    endings: dict[str, dict] = field(default_factory=dict)
     truth: dict | None = None
     findings_at_capture: list[dict] = field(default_factory=list)
     source: str = "bundle"
@@ -117,6 +121,7 @@ def fixture_from_dict(data: dict) -> Fixture:
         name=data["name"], states=[_state_from_dict(s) for s in data["states"]], now=float(data["now"]),
         window=float(data["window"]), onset=None if data.get("onset") is None else float(data["onset"]),
         sources=data.get("sources", {}), stacks=data.get("stacks", {}), flight_records=data.get("flight_records", {}),
+        endings=data.get("endings", {}),
         truth=data.get("truth"), findings_at_capture=data.get("findings_at_capture", []),
         source=data.get("source", "bundle"),
     )
@@ -142,6 +147,7 @@ class Raw:
     flight_records: dict[str, dict] = field(default_factory=dict)
     findings: list[dict] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
+    endings: dict[str, dict] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> Any:
@@ -179,7 +185,23 @@ def read_bundles(dirs: list[Path]) -> Raw:
             for jf in sorted((b / kind).glob("rank-*.json")):
                 target[str(int(jf.stem.split("-")[1]))] = _read_json(jf)
     raw.states = [states[r] for r in sorted(states)]
+    run_dir = dirs[0].parents[2] if dirs and len(dirs[0].parents) > 2 else None  # <run dir>/incidents/<id>/<node>
+    raw.endings = read_endings(run_dir, raw.states) if run_dir is not None else {}
+    for b in dirs:  # what the watchdog kept, for bundles copied away from their run directory
+        for jf in sorted((b / "endings").glob("rank-*.json")):
+            raw.endings.setdefault(str(int(jf.stem.split("-")[1])), _read_json(jf))
     return raw
+
+
+def read_endings(run_dir: Path, states: list[dict]) -> dict[str, dict]:
+    """How each rank's process ended, from faulthandler's files in the run directory (fatal signal with
+    every thread's stack, or SIGTERM), for ranks whose process wrote one."""
+    out = {}
+    for s in states:
+        ending = process_ending(str(run_dir), int(s["rank"]), float(s.get("start_time", 0.0)))
+        if ending is not None:
+            out[str(s["rank"])] = {**ending, "text": ending.get("text", "")[-1500:]}
+    return out
 
 
 def read_run_dir(run_dir: Path, *, window: float, now: float | None = None) -> Raw:
@@ -196,7 +218,7 @@ def read_run_dir(run_dir: Path, *, window: float, now: float | None = None) -> R
             by_rank[s.rank] = s
     states = [by_rank[r].to_dict() for r in sorted(by_rank)]
     return Raw("run_dir", time.time() if now is None else now, window, None, states,
-               nodes=sorted({s["host"] for s in states}))
+               nodes=sorted({s["host"] for s in states}), endings=read_endings(run_dir, states))
 
 
 def read_source(src: str | os.PathLike, *, window: float = 0.0, now: float | None = None) -> Raw:
@@ -399,7 +421,7 @@ def capture(src: str | os.PathLike, *, name: str | None = None, relative_to: str
     frs = {r: trim_flight_record(fr, fr_entries) for r, fr in sorted(raw.flight_records.items(), key=lambda kv: int(kv[0]))}
     hosts = [s.get("host", "") for s in states] + raw.nodes + [socket.gethostname()]
     san = Sanitiser(relative_to or os.getcwd(), hosts)
-    refs = referenced_lines(states, stacks, frs, raw.findings)
+    refs = referenced_lines(states, stacks, frs, raw.findings, raw.endings)
     return {
         "format": FORMAT,
         "name": name or Path(src).resolve().name,
@@ -411,6 +433,7 @@ def capture(src: str | os.PathLike, *, name: str | None = None, relative_to: str
         "sources": collect_sources(refs, san),
         "stacks": san.value(stacks),
         "flight_records": san.value(frs),
+        "endings": san.value(raw.endings),
         "findings_at_capture": san.value(raw.findings),
         "truth": san.value(truth) if truth is not None else None,
     }

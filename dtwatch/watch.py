@@ -578,6 +578,10 @@ class Watchdog:
                 bundle.add_text(f"fr/rank-{rank:05d}.missing.txt",
                                 "no Flight Recorder dump: the rank's sampler thread did not answer (GIL held or process stopped)\n")
             self.refine(findings, states, local, dumps, fr_summaries)
+            for s in local:
+                ending = process_ending(self.run_dir, s.rank, s.start_time)
+                if ending is not None:
+                    bundle.add_json(f"endings/rank-{s.rank:05d}.json", ending)
             try:
                 from .timeline import render_svg
 
