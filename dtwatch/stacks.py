@@ -64,8 +64,12 @@ def pyspy_dump(rank: int, pid: int, timeout: float = 10.0) -> StackDump:
     if exe is None:
         return StackDump(rank, pid, "none", False, error="py-spy is not installed", advice="pip install py-spy")
     last_error = ""
-    for native, method in ((True, "py-spy"), (False, "py-spy (python only)")):
-        cmd = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
+    # A stopped process (SIGSTOP, a debugger) cannot be suspended again: read it without suspending.
+    attempts = ((True, False, "py-spy"), (False, False, "py-spy (python only)"),
+                (False, True, "py-spy (python only, not suspended)"))
+    for native, nonblocking, method in attempts:
+        cmd = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else []) + \
+            (["--nonblocking"] if nonblocking else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .context import Context, is_library_path
 from .loops import uneven
 from .model import STALL, Finding, Kind, Position
-from .text import fmt_site, sentence
+from .text import describe, fmt_site, sentence
 
 
 def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
@@ -16,7 +16,15 @@ def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
     if user is not None:
         where, site, source = f"py-spy shows it at {ctx.fmt(user)}", user, "py-spy"
     else:
-        where, site, source = f"it was last seen at {ctx.fmt(s.main_site)}", s.main_site, "last sample"
+        # No stack: the later of the last sampled line and the last collective it left.
+        last = s.last_call()
+        if last is not None and last.t_exit and last.t_exit > s.main_site_since:
+            site = ctx.user_site(p.rank, last)
+            where, source = f"no stack could be taken; it was last seen leaving {describe(last)} at {ctx.fmt(site)}", \
+                "last collective"
+        else:
+            where, site, source = (f"no stack could be taken; it was last seen at {ctx.fmt(s.main_site)}",
+                                   s.main_site, "last sample")
     summary = sentence(
         f"rank {p.rank} is alive but unresponsive: {state}; its heartbeat is {s.heartbeat_age(ctx.now):.0f}s old",
         where, waiting_txt,
