@@ -38,15 +38,30 @@ def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
                 for key in ("op_id", "seq"):
                     if isinstance(e.get(key), int) and e[key] <= upto:
                         known.add(int(e[key]))
-        for seq in sorted(known):
+        def calls_at(seq: int) -> dict[int, Call] | None:
             calls = {m: ctx.named(m, ctx.call_at(m, group, seq)) for m in members}
             if any(c is None or c.op == CPP_OP or c.op in P2P for c in calls.values()):
+                return None
+            return calls
+
+        for seq in sorted(known):
+            calls = calls_at(seq)
+            if calls is None or len({_op_shape(c) for c in calls.values()}) < 2:
                 continue
-            if len({_op_shape(c) for c in calls.values()}) < 2:
-                continue
+            # The ops first differ here. Where the ranks split the same way, but still issued the same ops
+            # from different lines, just before, is where they went out of step (the extra call).
+            split = {m: _op_shape(c) for m, c in calls.items()}
+            start = seq
+            while start - 1 in known:
+                earlier = calls_at(start - 1)
+                if earlier is None or not _split_by_line(ctx, earlier, split):
+                    break
+                start -= 1
+            if start != seq:
+                seq, calls = start, calls_at(start)
             sides: dict[tuple, list[Position]] = defaultdict(list)
             for m, c in calls.items():
-                sides[_op_shape(c)].append(Position(m, "blocked", c, None))
+                sides[split[m]].append(Position(m, "blocked", c, None))
             now_pos = ctx.pos
             ctx.pos = {**ctx.pos, **{m: Position(m, "blocked", c, None) for m, c in calls.items()}}
             ctx.past = True
@@ -62,6 +77,15 @@ def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
                 setattr(f, k, v)
             return f
     return None
+
+
+def _split_by_line(ctx: Context, calls: dict[int, Call], split: dict[int, tuple]) -> bool:
+    """Whether the ranks issued these calls from lines that differ exactly between the sides of ``split``."""
+    lines: dict[tuple, set] = defaultdict(set)
+    for m, c in calls.items():
+        lines[split[m]].add(_key(ctx.user_site(m, c)))
+    sets = list(lines.values())
+    return len(sets) > 1 and all(len(x) == 1 for x in sets) and len(set().union(*sets)) == len(sets)
 
 
 def _op_shape(c: Call) -> tuple:

@@ -76,13 +76,15 @@ def op_name(call: Call | None) -> str:
     if call.op == CPP_OP:
         return "a collective issued from C++ (DDP/FSDP)"
     if call.fingerprint.startswith(CPP_PREFIX):
-        return f"{call.op} issued from C++ (DDP/FSDP)"
+        return f"{call.op} (issued from C++ by DDP/FSDP)"
     return call.op
 
 
 def describe(call: Call | None) -> str:
     if call is None:
         return "no collective"
+    if call.fingerprint.startswith(CPP_PREFIX):
+        return f"{call.op} (group {call.group}, seq {call.seq}, issued from C++ by DDP/FSDP)"
     return f"{op_name(call)} (group {call.group}, seq {call.seq})"
 
 
