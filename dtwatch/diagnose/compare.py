@@ -382,7 +382,7 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
         g_m = ctx.by_rank[m].groups.get(call.group)
         expected_ops = ("send", "isend") if call.op in ("recv", "irecv") else ("recv", "irecv")
         mine = [c for c in (g_m.recent if g_m else []) if c.op in expected_ops
-                and getattr(c, "peer", p.rank) in (p.rank, -1, None)]
+                and c.peer in (p.rank, -1)]
         if mine:
             made_before = True
             site = ctx.user_site(m, mine[-1])

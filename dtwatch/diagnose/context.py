@@ -92,7 +92,7 @@ class Context:
         if call.op == CPP_OP:
             frames = self.frames(rank, None)
             return frames[0] if frames else None
-        user = getattr(call, "user_site", None)
+        user = call.user_site
         return user or call.site
 
     def frames(self, rank: int, call: Call | None) -> list[dict]:
@@ -103,7 +103,7 @@ class Context:
         if s.gone:  # where it was when it died (faulthandler's record of the fatal signal or SIGTERM)
             out += [f for f in (self.ev.ending(rank) or {}).get("frames") or [] if not is_library_path(str(f.get("file", "")))]
         if call is not None and call.op != CPP_OP:
-            for site in (getattr(call, "user_site", None), call.site):
+            for site in (call.user_site, call.site):
                 if site:
                     out.append(site)
         stack = list(s.main_stack) or ([s.main_site] if s.main_site else [])
@@ -165,13 +165,13 @@ class Context:
     def missing(self, rank: int, call: Call) -> list[int]:
         """The ranks ``rank`` waits for in ``call``: members that have not issued it."""
         if call.op in P2P:
-            peer = getattr(call, "peer", -1)
+            peer = call.peer
             peers = [peer] if peer is not None and peer >= 0 else [m for m in self.members(rank, call.group) if m != rank]
             out = []
             for m in peers:
                 pm = self.pos.get(m)
                 mc = pm.call if pm is not None else None
-                if mc is None or mc.op not in P2P or getattr(mc, "peer", rank) not in (rank, -1, None):
+                if mc is None or mc.op not in P2P or mc.peer not in (rank, -1):
                     out.append(m)
             return out
         out = []
