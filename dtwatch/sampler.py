@@ -50,6 +50,7 @@ class Sampler(threading.Thread):
         self.last_stack: list[int] = []
         self.last_seq: dict[int, int] = {}
         self.dumps_done = 0
+        self.dumper: threading.Thread | None = None
         self.ticks = 0
 
     def stop(self) -> None:
@@ -77,10 +78,21 @@ class Sampler(threading.Thread):
         rec.poll_pending()
         self.sample_main_thread(now)
         request = ring.dump_request()
-        if request != self.dumps_done:
+        if request != self.dumps_done and (self.dumper is None or not self.dumper.is_alive()):
+            # torch's dump can take seconds (it inspects in-flight work): its own thread, so the
+            # heartbeat goes on and a slow dump never reads as a wedged rank.
             self.dumps_done = request
-            dump_flight_recorder(rec.run_dir, dist.get_rank() if dist.is_initialized() else -1, request)
-            ring.ack_dump(request)
+            rank = dist.get_rank() if dist.is_initialized() else -1
+
+            def dump(request: int = request) -> None:
+                try:
+                    dump_flight_recorder(rec.run_dir, rank, request)
+                    ring.ack_dump(request)
+                except Exception as exc:  # noqa: BLE001 - e.g. the ring closed meanwhile
+                    rec.fail("dumping the Flight Recorder", exc)
+
+            self.dumper = threading.Thread(target=dump, name="dtwatch-fr-dump", daemon=True)
+            self.dumper.start()
         ring.heartbeat(now, self.ticks)
 
     def sample_groups(self, now: float) -> None:

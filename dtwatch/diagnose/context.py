@@ -3,9 +3,11 @@ the questions asked of them (the user's line of a call, the rank test it runs un
 issued at a sequence number, who a blocked rank waits for, how a rank ended)."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterable
 
+from ..callsite import is_user_file
 from ..flight import SEQ, SeqMapping, calibrate, entry_for
 from ..state import CPP_OP, Call, RankState
 from .evidence import Evidence
@@ -19,8 +21,11 @@ _AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  #
 
 
 def is_library_path(path: str) -> bool:
-    """Third-party or standard-library code (not the user's): the user's line is outside these."""
+    """Third-party or standard-library code, torch or dtwatch (not the user's): the user's line is
+    outside these. Recorded paths may be sanitised (``<site-packages>/...``, relative)."""
     if not path or path.startswith("<"):
+        return True
+    if os.path.isabs(path) and not is_user_file(path):
         return True
     parts = path.replace("\\", "/").split("/")
     return "site-packages" in parts or "dist-packages" in parts or "<site-packages>" in parts or \
