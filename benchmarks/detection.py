@@ -52,6 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dtwatch.proctree import descendants  # noqa: E402
 from tests.harness import Job, base_env, free_port, launch  # noqa: E402
 
 BUSY_WORKER = REPO / "benchmarks" / "workers" / "busy_worker.py"
@@ -213,21 +214,6 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _total_ticks(pids: list[int]) -> int:
@@ -308,7 +294,7 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
         while args.fill_rings and _ring_stats(run_dir)[1] < 0.98 and time.time() < deadline:
             time.sleep(2.0)
         scraped = 0
-        workers = _descendants(trun.pid)
+        workers = descendants(trun.pid)
         (r0, fill0), j0 = _ring_stats(run_dir), _total_ticks(workers)
         w0, t0 = _cpu_ticks(watchdog.pid), time.monotonic()
         rss_samples = []

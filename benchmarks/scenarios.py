@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dtwatch.capture import capture, write_fixture  # noqa: E402
+from dtwatch.proctree import descendants  # noqa: E402
 from tests.scenarios.catalog import HERE as SCENARIO_DIR, SCENARIOS, Scenario  # noqa: E402
 from tests.scenarios.judge import judge, stall_findings  # noqa: E402
 
@@ -53,21 +54,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (by parent links; torchrun's ranks live in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

@@ -49,6 +49,17 @@ def children_map() -> dict[int, list[int]]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, by parent links (sessions do not matter)."""
+    children = children_map()
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def tree(roots: list[Proc], spare: frozenset[int] = frozenset()) -> set[Proc]:
     """The live processes among ``roots`` and all their live descendants, except ``spare`` and below."""
     kids = children_map()

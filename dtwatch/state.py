@@ -113,6 +113,7 @@ class RankState:
         return sync[-1] if sync else None
 
     def how_it_ended(self) -> str:
+        """What the ring itself knows (the diagnosis adds the signal faulthandler recorded, if any)."""
         if self.exit_state == "exception":
             return f"raised {self.exit_reason}"
         if self.exit_state == "exited":
@@ -120,7 +121,7 @@ class RankState:
         if self.exit_state == "detached":
             return "uninstalled dtwatch"
         if self.alive is False:
-            return "died without a clean exit (killed by a signal such as SIGKILL/OOM killer, or a hard crash)"
+            return "ended without a Python exception or a normal exit (killed by a signal; which one was not recorded)"
         return "running"
 
     def last_call(self) -> Call | None:

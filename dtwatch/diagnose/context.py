@@ -213,21 +213,17 @@ class Context:
     def how_it_ended(self, s: RankState) -> str:
         if s.exit_state == "exception":
             return f"raised {trim(_strip_location(s.exit_reason), 240)}"
-        if s.exit_state == "exited":
-            return "exited normally (returned or called sys.exit)"
-        if s.exit_state == "detached":
-            return "uninstalled dtwatch"
-        ending = self.ev.ending(s.rank)
-        if ending and ending.get("signal"):
-            sig = ending["signal"]
-            if sig == "SIGABRT":
-                return "was aborted (SIGABRT, raised by native code such as a gloo or NCCL check)"
-            if sig == "SIGTERM":
-                return "was terminated (SIGTERM: the launcher tearing the job down, or a scheduler)"
+        ending = self.ev.ending(s.rank) if s.exit_state == "running" else None
+        sig = (ending or {}).get("signal")
+        if sig == "SIGABRT":
+            return "was aborted (SIGABRT, raised by native code such as a gloo or NCCL check)"
+        if sig == "SIGTERM":
+            return "was terminated (SIGTERM: the launcher tearing the job down, or a scheduler)"
+        if sig == "unknown fatal signal":
+            return "died of a fatal signal (faulthandler recorded the crash, not which signal)"
+        if sig:
             return f"was killed by {sig}"
-        if s.alive is False:
-            return "ended without a Python exception or a normal exit (killed by a signal; which one was not recorded)"
-        return "is running"
+        return s.how_it_ended() if s.gone else "is running"
 
 
 _FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
