@@ -22,7 +22,10 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         for f in stalls:
             out.append(f"  [{f.kind}] {f.summary}")
             if f.site:
-                out.append(f"      culprit site: {fmt_site(f.site)}")
+                out.append(f"      root-cause line: {fmt_site(f.site)}")
+            branch = (f.details or {}).get("conditional_line")
+            if isinstance(branch, dict) and branch.get("line") != (f.site or {}).get("line"):
+                out.append(f"      under the rank test: {fmt_site(branch)}")
             if f.waiting_site and f.waiting_ranks:
                 out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
             if f.onset:
