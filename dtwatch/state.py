@@ -121,7 +121,7 @@ class RankState:
         if self.exit_state == "detached":
             return "uninstalled dtwatch"
         if self.alive is False:
-            return "ended without a Python exception or a normal exit (killed by a signal; which one was not recorded)"
+            return "ended without a Python exception or a normal exit (no exit was recorded: a signal such as SIGKILL, or os._exit)"
         return "running"
 
     def last_call(self) -> Call | None:

@@ -103,7 +103,11 @@ def _roots(ctx: Context, ended: list[RankState]) -> list[int]:
         return []
     raised = [s for s in crashed if s.exit_state == "exception"]
     fatal = [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") not in (None, "SIGTERM")]
-    pool = raised or fatal or [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") != "SIGTERM"] or crashed
+    # Ranks that received SIGTERM were ended by someone else (the launcher's teardown, a scheduler):
+    # never the root.
+    pool = raised or fatal or [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") != "SIGTERM"]
+    if not pool:
+        return []
     first = min(_end_time(s) for s in pool)
     return sorted(s.rank for s in pool if _end_time(s) <= first + 1.0)
 
@@ -150,10 +154,12 @@ def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     """A crash that followed a desync: at the root's last (group, seq), ranks had issued different calls
     (a Python collective on one rank meeting DDP's C++-issued all-reduce on the others included)."""
     last = ctx.last_call(roots[0])
-    if last is None:
-        return []
-    calls = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
-    if any(c is None for c in calls.values()):
+    if last is None or last.op in P2P:
+        return []  # p2p calls pair with the peer's matching call, not by sequence number
+    known = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
+    # Ranks whose call there is not known (their ring's view is older) are left out of the comparison.
+    calls = {r: c for r, c in known.items() if c is not None and c.op not in P2P}
+    if len(calls) < 2 or roots[0] not in calls:
         return []
     sides = sides_at(ctx, [Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()])
     if len(sides) < 2:
@@ -163,4 +169,7 @@ def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
     f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
     f.details["ended_by"] = {str(s.rank): ctx.how_it_ended(s) for s in ctx.states}
+    unknown = sorted(r for r, c in known.items() if c is None)
+    if unknown:
+        f.details["not_compared"] = unknown
     return with_cpp_entries(ctx, [f])

@@ -13,7 +13,7 @@ class Loop:
     start: int  # the ``for``/``while`` line
     end: int  # its last line (else clause included)
     header: str  # "for batch in loader:" (first line, stripped)
-    exits: tuple[tuple[int, str], ...]  # (line, text) of each break/return that leaves it early
+    exits: tuple[tuple[int, str], ...]  # (line, text) of each break/return/sys.exit that leaves it early
 
     def contains(self, line: int) -> bool:
         return self.start <= line <= self.end
@@ -48,11 +48,19 @@ def _exits(loop: ast.AST) -> list[ast.stmt]:
             continue
         if isinstance(node, ast.Break) and own:
             found.append(node)
-        elif isinstance(node, ast.Return):
+        elif isinstance(node, ast.Return) or (isinstance(node, ast.Expr) and _is_exit_call(node.value)):
             found.append(node)
         nested = isinstance(node, (ast.For, ast.AsyncFor, ast.While))
         stack.extend((child, own and not nested) for child in ast.iter_child_nodes(node))
     return sorted(found, key=lambda n: n.lineno)
+
+
+_EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
+
+
+def _is_exit_call(node: ast.AST) -> bool:
+    """``sys.exit(...)``, ``os._exit(...)``, ``exit()``: leaves the loop by ending the process."""
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in _EXIT_CALLS
 
 
 def innermost_loop(all_loops: list[Loop], line: int) -> Loop | None:
