@@ -335,9 +335,12 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
                      "deviates is not known")
     if note:
         parts.append(note)
+    # Without a rank test in the user's code the ranks took different paths for another reason (data,
+    # a per-rank metric): a desync, named by where they differ.
     return Finding(
-        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=ranks, summary=sentence(*parts),
-        op=call.op, group=call.group, seq=call.seq, site=ctx.site(site), details=details, **fields,
+        kind=Kind.RANK_CONDITIONAL if branch is not None else Kind.DESYNC, severity=STALL, ranks=ranks,
+        summary=sentence(*parts), op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
+        details=details, **fields,
     )
 
 

@@ -51,6 +51,18 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
             parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(site)}"
                          + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
             details["conditional_line"] = fact["branch"]
+    elif s.alive is False and s.exit_state == "running" and not (ctx.ev.ending(r) or {}).get("signal"):
+        # Nothing recorded how it ended. os._exit() ends a process exactly that way: if the loop the
+        # others are still in can be left through it, say so (as a possibility, not a fact).
+        fact = early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
+        hard = [e for e in (fact or {}).get("exits", []) if "_exit(" in e[1]]
+        if hard:
+            line, text = hard[0]
+            site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
+                    "source": text}
+            parts.append(f"the loop at {ctx.fmt(fact['loop_site'])} that the others are still in can end the process "
+                         f"at {ctx.fmt(site)}, which leaves no record, as here")
+            details["possible_exit"] = site
     parts.append(f"its last collective was {describe(last)} at {ctx.fmt(ctx.user_site(r, last))}" if last
                  else "it had issued no collective")
     parts += [waiting_txt, extra]

@@ -36,10 +36,13 @@ def swap(rank: int) -> None:
         sync_state(state, order)  # site:swap_call
 
 
+SPIKES = {(2, HANG_STEP): 5.0}  # (rank, step) -> loss spike of that rank's batch
+
+
 def extra(rank: int) -> None:
     grad = torch.ones(8)
     for step in range(1, 10):
-        local_loss = 1.0 + (5.0 if rank == 2 and step == HANG_STEP else 0.0)
+        local_loss = 1.0 + SPIKES.get((rank, step), 0.0)  # this rank's data: one bad batch on rank 2
         if step == HANG_STEP:
             mark_onset()
         if local_loss > 3.0:  # site:extra_branch
