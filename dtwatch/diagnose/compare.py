@@ -299,7 +299,7 @@ def _swapped(ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[P
 
 
 def conditional(ctx: Context, side: list[Position], others_pos: list[Position], waiting: list[int],
-                 note: str | None = None) -> Finding:
+                 note: str | None = None, others_known: bool = True) -> Finding:
     """A collective only some ranks call (``side``) at a point where the others are in another call."""
     call = side[0].call
     ranks = sorted(p.rank for p in side)
@@ -326,7 +326,7 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
         parts.append(f"at the same point {fmt_ranks(other_ranks)} "
                      f"{'issued' if ctx.past else verb(other_ranks, 'is', 'are') + ' in'} "
                      f"{describe(others_pos[0].call)} at {ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].call))}")
-    else:
+    elif others_known:
         parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")
     if waiting_txt and not others_pos:
         parts.append(waiting_txt)

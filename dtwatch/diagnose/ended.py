@@ -2,7 +2,7 @@
 a crash that followed a desync reported as the desync."""
 from __future__ import annotations
 
-from ..state import RankState
+from ..state import CPP_OP, RankState
 from .compare import conditional, desync, sides_at
 from .context import P2P, Context, exception_site, is_library_path, with_cpp_entries
 from .evidence import Evidence
@@ -171,8 +171,21 @@ def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
     known = {s.rank: ctx.named(s.rank, ctx.call_at(s.rank, last.group, last.seq)) for s in ctx.states}
     # Ranks whose call there is not known (their ring's view is older) are left out of the comparison.
     calls = {r: c for r, c in known.items() if c is not None and c.op not in P2P}
-    if len(calls) < 2 or roots[0] not in calls:
+    if roots[0] not in calls:
         return []
+    if len(calls) < 2:
+        # Only the root's call there is known (the others' C++-issued progress was not sampled before
+        # they ended). A Python call under a rank test is still the likely cause: said with that caveat.
+        root_call = calls[roots[0]]
+        if root_call.op == CPP_OP or ctx.branch(roots[0], root_call) is None:
+            return []
+        ctx.pos = {**ctx.pos, roots[0]: Position(roots[0], "blocked", root_call, None)}
+        how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
+        f = conditional(ctx, [ctx.pos[roots[0]]], [], sorted(r for r in known if r != roots[0]),
+                        "what the other ranks issued at that sequence number was not recorded before they ended",
+                        others_known=False)
+        f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
+        return with_cpp_entries(ctx, [f])
     sides = sides_at(ctx, [Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()])
     if len(sides) < 2:
         return []
