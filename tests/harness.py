@@ -166,7 +166,7 @@ def start_watchdog(root: Path, job_id: str, *, window: float = 4.0, extra_args: 
     root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "dtwatch", "watch", "--dir", str(root), "--job-id", job_id,
            "--stall-window", str(window), "--metrics-port", "off", "--idle-exit", "3", "--poll-interval", "0.2",
-           "--store", "none", *(extra_args or [])]
+           "--store", "none", "--rank-wait", "300", *(extra_args or [])]  # an orphan exits by itself
     proc = subprocess.Popen(cmd, env=env or base_env(root, job_id), stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     node = extra_args[extra_args.index("--node") + 1] if extra_args and "--node" in extra_args else socket.gethostname()
