@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..state import CPP_OP, Call
-from .context import P2P, _MATCHING_P2P, Context
+from .context import P2P, MATCHING_P2P, Context
 from .loops import uneven
 from .model import STALL, Finding, Kind, Position
 from .text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
@@ -391,7 +391,7 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
             site = ctx.user_site(m, mine[-1])
             branch = ctx.branch(m, mine[-1]) or branch
     m_site = ctx.user_site(m, m_call)
-    expected = _MATCHING_P2P.get(call.op, call.op)
+    expected = MATCHING_P2P.get(call.op, call.op)
     parts = [
         f"rank {m} did not issue {'the ' + expected + ' matching the ' + call.op if call.op in P2P else call.op} "
         f"(group {call.group}, seq {call.seq}) that {fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in"

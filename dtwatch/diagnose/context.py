@@ -16,7 +16,7 @@ from .text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_so
 from .warn import loader_evidence
 
 P2P = ("send", "recv", "isend", "irecv")
-_MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
+MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
 _AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)
 
 

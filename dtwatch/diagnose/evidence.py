@@ -12,7 +12,7 @@ import linecache
 import os
 from typing import Callable
 
-from .source import Loop, innermost_loop, loops
+from .source import Loop, loops
 
 
 class Evidence:
@@ -34,10 +34,6 @@ class Evidence:
         text = self.source(path)
         return _branches(text, path).get(line) if text is not None else None
 
-    def loop(self, path: str, line: int) -> Loop | None:
-        """The innermost loop ``line`` runs in."""
-        text = self.source(path)
-        return innermost_loop(_loops(text), line) if text is not None else None
 
     def enclosing_loops(self, path: str, line: int) -> list[Loop]:
         """Every loop ``line`` runs in, innermost first."""
