@@ -34,7 +34,6 @@ class Evidence:
         text = self.source(path)
         return _branches(text, path).get(line) if text is not None else None
 
-
     def enclosing_loops(self, path: str, line: int) -> list[Loop]:
         """Every loop ``line`` runs in, innermost first."""
         text = self.source(path)
