@@ -13,6 +13,7 @@ own disables recording for that call and produces one warning per process.
 from __future__ import annotations
 
 import atexit
+import collections
 import errno
 import faulthandler
 import functools
@@ -32,10 +33,11 @@ import torch.distributed as dist
 
 from . import ring as ringfmt
 from .callsite import SiteTable
+from .completion import CompletionSource, completion_source, forget_all
 from .config import Config, run_dir
 from .ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
 from .ring import (
-    FLAG_ASYNC, FLAG_MARKER, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
+    FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, FLAG_OBJECT, FLAG_P2P, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
     RECORD_SIZE, STATUS_ERROR, STATUS_OK, RingWriter, ring_filename,
 )
 
@@ -61,6 +63,20 @@ def _group_name(pg: Any) -> str:
         return str(getattr(pg, "group_name", "?"))
 
 
+class TrackedGroup:
+    """A group whose collectives return before they complete (NCCL, gloo_async): its completion source,
+    and its calls that returned and have not been seen completed, in issue order."""
+
+    __slots__ = ("slot", "source", "enqueued", "completed")
+
+    def __init__(self, slot: int, source: CompletionSource) -> None:
+        self.slot, self.source = slot, source
+        # (last seq the call used, record offset, stamp, span); appended by the training thread after the
+        # call returned, drained by the sampler (a deque: the two never race).
+        self.enqueued: collections.deque[tuple[int, int, int, int]] = collections.deque()
+        self.completed = -1
+
+
 class Recorder:
     """State of dtwatch inside one training process. Use :func:`dtwatch.install`, not this class."""
 
@@ -74,13 +90,19 @@ class Recorder:
         self.capacity = 1
         self.sites: SiteTable | None = None
         self.site_positions: dict[tuple[int, int], tuple[int, int]] = {}
-        self.groups: dict[Any, tuple[int, Callable[[], int] | None]] = {}
+        # pg -> (slot, sequence-number reader, TrackedGroup or None); the wrappers' per-call lookup
+        self.groups: dict[Any, tuple[int, Callable[[], int] | None, TrackedGroup | None]] = {}
         self.group_list: list[tuple[int, Any, Callable[[], int] | None]] = []  # for the sampler
+        self.tracked: list[TrackedGroup] = []  # groups whose calls return before they complete
         self.default_pg: Any = None
         self.stamps = itertools.count(1)
         self.step = 0
         self.explicit_steps = False
-        self.pending: list[tuple[list, int, int, int]] = []  # (works, record offset, stamp, span) polled by the sampler
+        # Async work without a future: (works, record offset, stamp, span). Appended by training threads
+        # (a deque: appends never race the sampler's drain), moved to ``polled`` and checked there.
+        self.pending: collections.deque[tuple[list, int, int, int]] = collections.deque()
+        self.polled: list[tuple[list, int, int, int]] = []
+        self.poll_lock = threading.Lock()
         self.tls = _ThreadState()
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
         self.loader_index: dict[int, tuple[int, int]] = {}  # site -> (loader slot, epochs)
@@ -200,9 +222,11 @@ class Recorder:
             self.sampler.sample_groups(time.time())  # C++-issued collectives since the last tick
             self.sampler = None
         self.poll_pending()  # async work already waited on: stamp it before recording stops
+        self.poll_completions(time.time())
         # Cleared in place: the wrappers hold a reference to this dict.
         self.groups.clear()
-        self.group_list, self.default_pg = [], None
+        self.group_list, self.default_pg, self.tracked = [], None, []
+        forget_all()
         self.mm = None  # wrappers pass straight through until attach() runs again
 
     def register_group(self, pg: Any) -> tuple[int, Callable[[], int] | None]:
@@ -225,8 +249,13 @@ class Recorder:
                 else:
                     members, group_rank = None, -1
             desc = str(getattr(pg, "group_desc", "") or "")
-            slot = self.ring.add_group(_group_name(pg), desc, members, group_rank) if self.ring else -1
-            entry = (slot if slot >= 0 else NO_GROUP, seqfn)
+            name = _group_name(pg)
+            source = completion_source(pg, _backend_name(pg), seqfn, name)
+            slot = self.ring.add_group(name, desc, members, group_rank, tracked=source is not None) if self.ring else -1
+            tracked = TrackedGroup(slot, source) if source is not None and slot >= 0 else None
+            if tracked is not None:
+                self.tracked.append(tracked)
+            entry = (slot if slot >= 0 else NO_GROUP, seqfn, tracked)
             self.groups[pg] = entry
             if slot >= 0:
                 self.group_list.append((slot, pg, seqfn))
@@ -246,7 +275,7 @@ class Recorder:
             now = time.time()
             # The marker's seq is the default group's torch sequence number at the step: progress of jobs
             # whose collectives are issued from C++ (DDP, FSDP), one C++ read per step.
-            slot, seqfn = self.groups.get(self.default_pg, (NO_GROUP, None))
+            slot, seqfn, _tracked = self.groups.get(self.default_pg, (NO_GROUP, None, None))
             ring.write_record(next(self.stamps), op="step", seq=seqfn() if seqfn is not None else 0, t_enter=now,
                               t_exit=now, seq_span=0, flags=FLAG_MARKER, ntensors=0, numel=0, group_slot=slot,
                               step=self.step)
@@ -283,9 +312,11 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a completion", exc)
 
-    def track_async(self, work: Any, off: int, stamp: int, span: int) -> None:
+    def track_async(self, work: Any, off: int, stamp: int, span: int, use_future: bool = True) -> None:
+        """Stamp the record when ``work`` completes: by its future, else polled by the sampler.
+        ``use_future=False`` for NCCL, whose futures complete when the work is enqueued."""
         works = work if isinstance(work, (list, tuple)) else [work]
-        if len(works) == 1:
+        if len(works) == 1 and use_future:
             try:
                 fut = works[0].get_future()
 
@@ -304,19 +335,42 @@ class Recorder:
         self.pending.append((works, off, stamp, span))
 
     def poll_pending(self) -> None:
-        if not self.pending:
-            return
-        still = []
-        for works, off, stamp, span in self.pending:
+        """Stamp async work that completed (sampler thread; also at detach and exit)."""
+        with self.poll_lock:
+            while self.pending:
+                self.polled.append(self.pending.popleft())
+            if not self.polled:
+                return
+            still = []
+            for works, off, stamp, span in self.polled:
+                try:
+                    done = all(w is None or w.is_completed() for w in works)
+                except Exception:
+                    done = True
+                if done:
+                    self.finish(off, stamp, STATUS_OK, span)
+                else:
+                    still.append((works, off, stamp, span))
+            self.polled = still
+
+    def poll_completions(self, now: float) -> None:
+        """Ask each tracked group what completed; stamp its calls up to there (sampler thread)."""
+        ring = self.ring
+        for tracked in list(self.tracked):
             try:
-                done = all(w is None or w.is_completed() for w in works)
-            except Exception:
-                done = True
-            if done:
+                done = tracked.source.completed(now)
+            except Exception as exc:  # noqa: BLE001 - e.g. the group was destroyed meanwhile
+                self.fail("reading which collectives completed", exc)
+                continue
+            if done is None:
+                continue
+            if done != tracked.completed and ring is not None:
+                tracked.completed = done
+                ring.set_group_completed(tracked.slot, done, now)
+            queue = tracked.enqueued
+            while queue and queue[0][0] <= done:
+                _last_seq, off, stamp, span = queue.popleft()
                 self.finish(off, stamp, STATUS_OK, span)
-            else:
-                still.append((works, off, stamp, span))
-        self.pending = still
 
     # -- process end -------------------------------------------------------------------------------
     def on_exit(self) -> None:
@@ -326,6 +380,7 @@ class Recorder:
             try:
                 sampler.sample_groups(time.time())  # C++-issued collectives since the last tick
                 self.poll_pending()
+                self.poll_completions(time.time())
             except Exception:
                 pass
         ring = self.ring
@@ -514,6 +569,11 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
     ppos, pname = spec.payload_pos, spec.kind.payload_arg
     gpos, apos, peer_pos, peer_name = spec.group_pos, spec.async_pos, spec.peer_pos, spec.kind.peer_arg
     always_async, composite, spans = spec.kind.always_async, spec.kind.composite, spec.spans_several
+    is_p2p = bool(flags & FLAG_P2P)
+    # Which synchronous calls return before completing on a tracked group: collectives, except a barrier
+    # (it blocks the CPU on NCCL too) and object collectives (they copy the result to the CPU, which
+    # synchronises). Synchronous p2p ops are stamped when they return: their completion is not tracked.
+    tracked_sync = not (is_p2p or flags & FLAG_OBJECT or spec.name in ("barrier", "monitored_barrier"))
     tls, groups, dtypes = rec.tls, rec.groups, _DTYPE_CODES
     entries, exit_pack, now, getframe = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time, sys._getframe
 
@@ -558,9 +618,13 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             ginfo = groups.get(group)
             if ginfo is None:
                 ginfo = rec.register_group(group)
-            slot, seqfn = ginfo
+            slot, seqfn, tracked = ginfo
             seq0 = seqfn() if seqfn is not None else 0
             is_async = always_async or (apos >= 0 and bool(args[apos] if apos < nargs else kwargs.get("async_op")))
+            # On a tracked group (NCCL) a synchronous collective returns before it completes; its record
+            # stays in flight until the group's completions pass it (see dtwatch.completion).
+            enqueued = tracked is not None and tracked_sync and not is_async
+            tracked_queue = tracked.enqueued if tracked is not None and not is_p2p else None
             # Call sites (see dtwatch.callsite): a direct call from user code is one dict hit giving both
             # the site and the user's site (the same line); a call from inside torch (FSDP) or a library
             # (Lightning, Accelerate) walks out to the first frame outside torch/dtwatch and to the first
@@ -575,7 +639,7 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
             entries[ndim if ndim < 4 else 4].pack_into(
                 mm, off, stamp, seq0 + 1, now(), op, dt, ndim if ndim < 256 else 255,
-                flags | FLAG_ASYNC if is_async else flags, ntensors if ntensors < 256 else 255, slot, site,
+                flags | FLAG_ASYNC if is_async else flags | FLAG_ENQUEUED if enqueued else flags, ntensors if ntensors < 256 else 255, slot, site,
                 rec.step, numel, peer, *shape, user_site, stamp,
             )
         except Exception as exc:  # noqa: BLE001 - recording must never break the collective
@@ -596,10 +660,14 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             try:
                 span = seqfn() - seq0 if spans and seqfn is not None else 1
                 if is_async:
-                    if result is not None:
-                        rec.track_async(result, off, stamp, span)
-                    else:  # not a member of the group: nothing was issued
+                    if result is None:  # not a member of the group: nothing was issued
                         rec.finish(off, stamp, STATUS_OK, span)
+                    elif tracked_queue is not None:
+                        tracked_queue.append((seq0 + span, off, stamp, span))
+                    else:
+                        rec.track_async(result, off, stamp, span, use_future=tracked is None)
+                elif enqueued:
+                    tracked_queue.append((seq0 + span, off, stamp, span))
                 else:
                     exit_pack(mm, off + RECORD_EXIT_OFFSET, now(), span, STATUS_OK)
             except Exception as exc:  # noqa: BLE001
@@ -771,6 +839,7 @@ def _patch_lifecycle(rec: Recorder) -> None:
                 entry = rec.groups.pop(group, None)
                 if entry is not None:
                     rec.group_list = [g for g in rec.group_list if g[1] is not group]
+                    rec.tracked = [t for t in rec.tracked if t is not entry[2]]
         result = destroy_original(*args, **kwargs)
         try:
             rec.watch_for_group()  # a job may create its default group again

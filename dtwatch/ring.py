@@ -31,7 +31,9 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
 * **Records** (``RECORD_SIZE`` = 128 each, ``capacity`` of them, a ring): one per collective call
   (and a marker per step). A record is valid when its leading and trailing stamps are equal and
   non-zero; the stamp is the record's 1-based position in the rank's history, so the newest record is
-  the one with the largest stamp. ``t_exit`` is 0.0 while the call is in flight; ``status`` 1 = left
+  the one with the largest stamp. ``t_exit`` is 0.0 while the call is in flight (issued and not completed:
+  an ``async_op`` call, or one on a tracked group, ``FLAG_ENQUEUED``, stays in flight after it returned,
+  until its work completed); ``status`` 1 = left
   normally, 2 = raised. ``numel`` is -2 for a single tensor of at most 4 dimensions (derive it from
   ``dims``; ``read_ring`` does) and -1 for an object collective. ``seq`` is torch's sequence number of the group for the call
   (``ProcessGroup._get_sequence_number_for_group()`` after issuing it); ``seq_span`` is how many torch
@@ -121,9 +123,12 @@ U64 = struct.Struct("<Q")
 COUNTS = struct.Struct("<IIII")
 I32 = struct.Struct("<i")
 
-_GROUP = struct.Struct("<32s32siiIIQd32x")  # name, desc, size, group_rank, mstart, mcount, cpp_seq, cpp_t
+# name, desc, size, group_rank, mstart, mcount, cpp_seq, cpp_t, completed_seq, completed_t, tracked
+_GROUP = struct.Struct("<32s32siiIIQdQdB15x")
 GROUP_CPP_SEQ = struct.Struct("<Qd")
 GROUP_CPP_OFFSET = 80
+GROUP_COMPLETED = struct.Struct("<QdB")
+GROUP_COMPLETED_OFFSET = 96
 assert _GROUP.size == GROUP_SIZE
 _SITE = struct.Struct("<I60s192s")
 assert _SITE.size == SITE_SIZE
@@ -166,6 +171,7 @@ FLAG_OBJECT = 2
 FLAG_P2P = 4
 FLAG_COALESCED = 8
 FLAG_MARKER = 16  # not a collective: a step marker
+FLAG_ENQUEUED = 32  # a synchronous call that returned before its work completed (NCCL): see the group's completed_seq
 
 STATUS_IN_FLIGHT, STATUS_OK, STATUS_ERROR = 0, 1, 2
 
@@ -282,8 +288,10 @@ class RingWriter:
         os.replace(tmp, self.path)
 
     # -- tables ---------------------------------------------------------------------------------
-    def add_group(self, name: str, desc: str, members: list[int] | None, group_rank: int) -> int:
-        """Append a process group; returns its slot (or -1 when the table is full)."""
+    def add_group(self, name: str, desc: str, members: list[int] | None, group_rank: int,
+                  tracked: bool = False) -> int:
+        """Append a process group; returns its slot (or -1 when the table is full). ``tracked``: its
+        collectives return before they complete, and :meth:`set_group_completed` says what completed."""
         with self._lock:
             if self.n_groups >= self.groups_cap:
                 return -1
@@ -296,7 +304,7 @@ class RingWriter:
                 self.members_used += mcount
             _GROUP.pack_into(
                 self.mm, self.groups_off + slot * GROUP_SIZE, _enc(name, 32), _enc(desc, 32), size,
-                group_rank, mstart, mcount, 0, time.time(),
+                group_rank, mstart, mcount, 0, time.time(), 0, 0.0, int(tracked),
             )
             self.n_groups += 1
             self._write_counts()
@@ -304,6 +312,10 @@ class RingWriter:
 
     def set_group_cpp_seq(self, slot: int, seq: int, when: float) -> None:
         GROUP_CPP_SEQ.pack_into(self.mm, self.groups_off + slot * GROUP_SIZE + GROUP_CPP_OFFSET, seq, when)
+
+    def set_group_completed(self, slot: int, seq: int, when: float) -> None:
+        """A tracked group's collectives up to ``seq`` have completed (seen at ``when``)."""
+        GROUP_COMPLETED.pack_into(self.mm, self.groups_off + slot * GROUP_SIZE + GROUP_COMPLETED_OFFSET, seq, when, 1)
 
     def add_site(self, filename: str, line: int, function: str) -> int:
         """Append a call site; returns its id (index + 1), or 0 when the table is full."""
@@ -425,6 +437,11 @@ class GroupInfo:
     members: tuple[int, ...] | None
     cpp_seq: int
     cpp_seq_time: float
+    # Groups whose collectives return before they complete (NCCL, gloo_async): the last sequence number
+    # known completed, and when that was seen. Untracked groups: 0, 0.0 (completion = the call returned).
+    completed_seq: int = 0
+    completed_time: float = 0.0
+    tracked: bool = False
 
 
 @dataclass(frozen=True)
@@ -637,11 +654,13 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
     members_all = np.frombuffer(data, dtype="<i4", count=members_cap, offset=members_off)
     groups = []
     for i in range(n_groups):
-        name, desc, size, grank, mstart, mcount, cpp_seq, cpp_t = _GROUP.unpack_from(data, groups_off + i * GROUP_SIZE)
+        (name, desc, size, grank, mstart, mcount, cpp_seq, cpp_t, done_seq, done_t,
+         tracked) = _GROUP.unpack_from(data, groups_off + i * GROUP_SIZE)
         members = tuple(members_all[mstart : mstart + mcount].tolist()) if mcount else None
         if members is None and size == world_size:
             members = tuple(range(world_size))
-        groups.append(GroupInfo(i, _dec(name), _dec(desc), size, grank, members, cpp_seq, cpp_t))
+        groups.append(GroupInfo(i, _dec(name), _dec(desc), size, grank, members, cpp_seq, cpp_t,
+                                done_seq, done_t, bool(tracked)))
 
     snap_sites = sites
 

@@ -2,7 +2,8 @@
 
 Every ``sample_interval`` seconds it writes a heartbeat, samples each process group's C++ sequence
 number (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
-the main thread is, stamps the exit of async work that has completed, registers process groups created
+the main thread is, stamps the exit of async work that has completed and, for groups whose collectives
+return before they complete (NCCL), of calls their completion source reports done (dtwatch.completion), registers process groups created
 since the last look, and answers the watchdog's Flight Recorder dump requests.
 
 Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.callsite`):
@@ -76,6 +77,7 @@ class Sampler(threading.Thread):
             self.scan_groups()
         self.sample_groups(now)
         rec.poll_pending()
+        rec.poll_completions(now)
         self.sample_main_thread(now)
         request = ring.dump_request()
         if request != self.dumps_done and (self.dumper is None or not self.dumper.is_alive()):

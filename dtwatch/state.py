@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .ring import DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RankSnapshot, Site
+from .ring import DTYPES, FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, OPS, RankSnapshot, Site
 
 RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
 STEP_HISTORY = 64  # recent step markers kept (timeline, step rate)
@@ -36,6 +36,9 @@ class Call:
     # ``fabric.save(...)``) when a library issued it. None: unknown (states written before it existed).
     user_site: dict | None = None
     peer: int = -1  # p2p calls: the other rank (dst/src as passed); -1 for collectives
+    # A synchronous call that returned before its work completed (NCCL's model): in flight until the
+    # group's completions pass it. ``is_async`` is true for it too: the rank runs on and waits later.
+    enqueued: bool = False
 
     @property
     def in_flight(self) -> bool:
@@ -57,11 +60,14 @@ class GroupProgress:
     name: str
     members: list[int] | None
     seq: int  # last sequence number issued (Python or C++)
-    completed: int  # last sequence number known completed (Python-issued calls)
+    completed: int  # last sequence number known completed (Python-issued calls; tracked groups: all)
     py_seq: int  # last sequence number issued from Python
     cpp_seq: int  # torch's counter as last sampled
     cpp_seq_time: float  # when that sample last changed
     recent: list[Call] = field(default_factory=list)
+    # Collectives return before they complete (NCCL, gloo_async) and the rank reports what completed:
+    # ``completed`` then counts C++-issued collectives too.
+    tracked: bool = False
 
 
 @dataclass
@@ -180,6 +186,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         [snap.start_time, snap.step_time]
         + ([float(t_enter[call_idx].max()), float(call_exit.max())] if len(call_idx) else [])
         + [g.cpp_seq_time for g in snap.groups if g.cpp_seq]
+        + [g.completed_time for g in snap.groups if g.tracked]
     )
     sites, groups_info = snap.sites, snap.groups
     n_sites, n_groups, n_ops, n_dtypes = len(sites), len(groups_info), len(OPS), len(DTYPES)
@@ -220,7 +227,8 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
                 user = dict(user) if user is not None else None
             out.append(Call(
                 name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq, site, te, tx, fp,
-                bool(flags & FLAG_ASYNC) or name in ("isend", "irecv", "batch_isend_irecv"), span, user, peer,
+                bool(flags & (FLAG_ASYNC | FLAG_ENQUEUED)) or name in ("isend", "irecv", "batch_isend_irecv"), span,
+                user, peer, bool(flags & FLAG_ENQUEUED),
             ))
         return out
 
@@ -232,10 +240,12 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         ends = seq_col[mine].astype(np.int64) + span_col[mine].astype(np.int64) - 1
         py_seq = int(ends.max()) if len(mine) else 0
         done = ends[t_exit[mine] != 0.0]
+        completed = int(done.max()) if len(done) else 0
         groups[g.name] = GroupProgress(
             name=g.name, members=list(g.members) if g.members is not None else None,
-            seq=max(py_seq, g.cpp_seq), completed=int(done.max()) if len(done) else 0, py_seq=py_seq,
-            cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
+            seq=max(py_seq, g.cpp_seq), completed=max(completed, g.completed_seq) if g.tracked else completed,
+            py_seq=py_seq, cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
+            tracked=g.tracked,
         )
     open_idx = call_idx[call_exit == 0.0]
     alive, letter = process_state(snap.pid) if local else (None, "")

@@ -61,3 +61,17 @@ def unapplied_settings(environ: dict[str, str] | None = None) -> list[str]:
     """Variables that take effect only for process groups created after they are set."""
     env = os.environ if environ is None else environ
     return [n for names in ALL_SETTINGS for n in names if n in env]
+
+
+def flight_recorder_on(environ: dict[str, str] | None = None) -> bool:
+    """Whether torch's Flight Recorder records this process's NCCL work: a buffer size > 0 under one of
+    its spellings. Unset counts as off (torch's default has changed across versions)."""
+    env = os.environ if environ is None else environ
+    for name in FR_BUFFER_SIZE:
+        value = env.get(name, "").strip()
+        if value:
+            try:
+                return int(value) > 0
+            except ValueError:
+                return False
+    return False

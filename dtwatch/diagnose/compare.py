@@ -286,8 +286,8 @@ def _swapped(ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[P
     fields, _ = ctx.waiting(others)
     summary = sentence(
         f"{fmt_ranks(ranks)} and {fmt_ranks(others)} issue the same collectives of group {group} in a different order: "
-        f"at seq {seq}, {fmt_ranks(ranks)} {verb(ranks, 'is', 'are')} in {op_name(minority[0].call)} at {ctx.fmt(site_m)}, "
-        f"while {fmt_ranks(others)} {verb(others, 'is', 'are')} in {op_name(majority[0].call)} at {ctx.fmt(site_o)}; "
+        f"at seq {seq}, {fmt_ranks(ranks)} {ctx.presence(ranks)} {op_name(minority[0].call)} at {ctx.fmt(site_m)}, "
+        f"while {fmt_ranks(others)} {ctx.presence(others)} {op_name(majority[0].call)} at {ctx.fmt(site_o)}; "
         "both lines ran on every rank earlier",
         f"the branch {ctx.fmt(branch)} decides the order on {fmt_ranks(ranks)}" if branch else "",
     )
@@ -315,7 +315,7 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
     if call.site and site and _key(call.site) != _key(site):
         details["library_site"] = ctx.site(call.site)
     decided = branch is not None or len(side) < len(others_pos)
-    being = "issued" if ctx.past else f"{verb(ranks, 'is', 'are')} in"
+    being = ctx.presence(ranks)
     head = (f"{fmt_ranks(ranks)} {being} {describe(call)} at {ctx.fmt(site)}"
             + (f" (through {ctx.fmt(call.site)})" if "library_site" in details else ""))
     parts = [head]
@@ -324,7 +324,7 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
     if others_pos:
         other_ranks = sorted(p.rank for p in others_pos)
         parts.append(f"at the same point {fmt_ranks(other_ranks)} "
-                     f"{'issued' if ctx.past else verb(other_ranks, 'is', 'are') + ' in'} "
+                     f"{ctx.presence(other_ranks)} "
                      f"{describe(others_pos[0].call)} at {ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].call))}")
     elif others_known:
         parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")

@@ -84,6 +84,17 @@ class Context:
                     fingerprint=f"{CPP_PREFIX}{op}[{dtype}:{shape}]", user_site=user or call.site)
 
     # -- sites ------------------------------------------------------------------------------------
+    def presence(self, ranks: list[int]) -> str:
+        """How ``ranks`` relate to the call they are blocked on: ``is in`` / ``are in`` when they wait in it;
+        ``issued`` for calls made earlier, or ones that returned before completing (async work, NCCL),
+        where the rank waits elsewhere (see :mod:`.sync_points`)."""
+        if self.past:
+            return "issued"
+        calls = [self.pos[r].call for r in ranks if r in self.pos]
+        if calls and all(c is not None and c.is_async and c.in_flight for c in calls):
+            return "issued"
+        return verb(ranks, "is", "are") + " in"
+
     def site(self, site: dict | None) -> dict | None:
         return with_source(site, self.ev)
 

@@ -18,6 +18,7 @@ from .evidence import Evidence
 from .idle import stuck_outside, unresponsive
 from .model import Finding
 from .positions import StallCheck
+from .sync_points import with_sync_points
 
 __all__ = ["classify", "exit_findings"]
 
@@ -25,7 +26,7 @@ __all__ = ["classify", "exit_findings"]
 def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence) -> list[Finding]:
     """Explain a stall. ``check`` must say ``stalled``."""
     ctx = Context(states, check.positions, check.last_progress, now, evidence)
-    return with_cpp_entries(ctx, _classify(ctx, check))
+    return with_sync_points(ctx, with_cpp_entries(ctx, _classify(ctx, check)))
 
 
 

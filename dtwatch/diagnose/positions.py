@@ -1,10 +1,12 @@
 """Where each rank is, and whether the job is stalled.
 
 A rank is *blocked* when it has issued a collective that has not completed: it is inside a
-synchronous Python-issued call, it issued an asynchronous one (``async_op=True``, ``isend``...) that
-has not completed (it will wait for it later, at a synchronisation point), or its latest operation in
-a group was issued from C++ (DDP's reducer, FSDP) and some member of that group has not issued that
-sequence number. The job is stalled when some rank is blocked and nothing anywhere has progressed (no
+synchronous Python-issued call, it issued an asynchronous one (``async_op=True``, ``isend``...) or, on
+a backend whose collectives return before they complete (NCCL), a synchronous one that has not
+completed (it waits for it later, at a synchronisation point), or it issued one from C++ (DDP's
+reducer, FSDP) that has not completed. On such backends the rank reports what completed (a *tracked*
+group, :mod:`dtwatch.completion`). Elsewhere a C++-issued collective counts as not completed when it is
+the rank's latest operation in the group and some member has not issued that sequence number. The job is stalled when some rank is blocked and nothing anywhere has progressed (no
 collective entered or left, no step, no C++ sequence number advanced) for longer than the stall
 window. A quiet period where every rank is outside collectives (eval or checkpointing on all ranks)
 is never a stall: nobody is blocked.
@@ -17,6 +19,22 @@ from ..state import CPP_OP, Call, RankState
 from .model import Position
 
 
+def tracked_cpp_call(s: RankState) -> Call | None:
+    """On tracked groups: the oldest collective issued from C++ and not completed, if it is older than
+    any Python-issued call still in flight in its group."""
+    best: Call | None = None
+    for g in s.groups.values():
+        if not g.tracked or g.completed >= g.seq:
+            continue
+        first = g.completed + 1
+        if any(c.group == g.name and c.seq <= first <= c.seq + max(c.span, 1) - 1 for c in s.open_calls):
+            continue  # the oldest in flight is a Python-issued call: waiting_call names it
+        call = Call(op=CPP_OP, group=g.name, seq=first, site=s.main_site, t_enter=g.cpp_seq_time, fingerprint=CPP_OP)
+        if best is None or call.t_enter < best.t_enter:
+            best = call
+    return best
+
+
 def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None:
     """A collective issued from C++ (DDP/FSDP) that the rank must be waiting in.
 
@@ -26,7 +44,7 @@ def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None
     """
     best: Call | None = None
     for g in s.groups.values():
-        if g.cpp_seq == 0 or g.cpp_seq <= g.py_seq:
+        if g.tracked or g.cpp_seq == 0 or g.cpp_seq <= g.py_seq:
             continue
         peers = [by_rank[m] for m in (g.members or []) if m in by_rank and m != s.rank and g.name in by_rank[m].groups]
         behind = any(p.groups[g.name].seq < g.cpp_seq for p in peers)
@@ -41,13 +59,18 @@ def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None
 
 
 def waiting_call(s: RankState) -> Call | None:
-    """The issued, not completed, Python-issued call the rank waits on: its synchronous call if it is in
-    one, else the oldest asynchronous call still in flight (later ones queue behind it)."""
+    """The issued, not completed, call the rank waits on: its synchronous call if it is in one, else the
+    oldest call still in flight (later ones queue behind it): asynchronous or returned before completing
+    (NCCL), and on tracked groups one issued from C++."""
     sync = [c for c in s.open_calls if not c.is_async]
     if sync:
         return sync[-1]
     pending = [c for c in s.open_calls if c.is_async]
-    return min(pending, key=lambda c: c.t_enter) if pending else None
+    oldest = min(pending, key=lambda c: c.t_enter) if pending else None
+    cpp = tracked_cpp_call(s)
+    if cpp is not None and (oldest is None or (cpp.group == oldest.group and cpp.seq < oldest.seq)):
+        return cpp
+    return oldest
 
 
 def positions(states: list[RankState], now: float, heartbeat_stale: float) -> dict[int, Position]:

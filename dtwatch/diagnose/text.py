@@ -88,6 +88,14 @@ def describe(call: Call | None) -> str:
     return f"{op_name(call)} (group {call.group}, seq {call.seq})"
 
 
+def waits_elsewhere(rank: int, call: Call, where: str) -> str:
+    """A rank blocked on a call that returned (or was issued asynchronously) waits at another line."""
+    how = ("returned before it completed (the NCCL execution model)" if call.enqueued
+           else "was issued asynchronously")
+    who = fmt_ranks([rank])
+    return f"{who}'s {call.op} (group {call.group}, seq {call.seq}) {how} and has not completed; {who} now waits at {where}"
+
+
 def trim(text: str, limit: int = 300) -> str:
     """``text`` cut to at most ``limit`` characters at a sentence end, else a word boundary (with
     an ellipsis); never mid-word."""

@@ -2,6 +2,10 @@
 
     python hang_worker.py SCENARIO    (under torchrun, or with RANK/WORLD_SIZE/MASTER_* set)
 
+``HANG_BACKEND`` picks the backend: ``gloo`` (default) or ``gloo_async`` (dtwatch.testing: NCCL's
+execution model, where collectives return before they complete). ``sync_device()`` stands where a GPU
+job synchronises (``loss.item()``, ``torch.cuda.synchronize()``); on gloo it does nothing.
+
 Before the hang it writes ``<DTWATCH_DIR>/<job>/onset-rank<R>.txt`` with the time it starts hanging.
 Lines that tests assert on carry a ``# site:<name>`` marker.
 """
@@ -20,6 +24,14 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 SCENARIO = sys.argv[1]
 HANG_STEP = 4
+BACKEND = os.environ.get("HANG_BACKEND", "gloo")
+if BACKEND == "gloo_async":
+    import dtwatch.testing
+
+    sync_device = dtwatch.testing.synchronize
+else:
+    def sync_device() -> None:
+        pass
 
 
 def mark_onset(rank: int | None = None) -> None:
@@ -61,6 +73,9 @@ def train_step(model, opt, batch):
 def validate(model) -> float:
     loss = model.module(torch.randn(8, 16)).pow(2).mean().detach()
     dist.all_reduce(loss)  # site:validate_all_reduce
+    loss /= dist.get_world_size()
+    loss = loss.clamp(min=0.0)
+    sync_device()  # site:validate_sync
     return loss.item()
 
 
@@ -72,7 +87,7 @@ def load_batch(step: int, rank: int):
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    dist.init_process_group(BACKEND)
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.ones(4)
 
@@ -95,6 +110,7 @@ def main() -> None:
                 if rank == 0:
                     dist.all_reduce(t, group=pair)  # site:subgroup_all_reduce
                 dist.barrier()  # site:subgroup_barrier
+            sync_device()
 
     elif SCENARIO == "uneven_ddp":
         # A per-rank data filter leaves rank 1 with fewer batches: it leaves the loop first and waits at
@@ -118,6 +134,7 @@ def main() -> None:
     elif SCENARIO in ("exception", "killed", "returned"):
         for step in range(1, 20):
             dist.all_reduce(t)  # site:exit_all_reduce
+            sync_device()
             if step == HANG_STEP and rank == 1:  # site:exit_branch
                 mark_onset()
                 if SCENARIO == "exception":
@@ -136,6 +153,7 @@ def main() -> None:
                             num_workers=2)
         for step, batch in enumerate(loader, 1):  # site:loader_next
             dist.all_reduce(batch.sum())  # site:loader_all_reduce
+            sync_device()
             if step == HANG_STEP - 1 and rank == 0:
                 mark_onset()
 
@@ -146,10 +164,12 @@ def main() -> None:
             if step == HANG_STEP:
                 mark_onset()
             dist.barrier() if barrier_only and step >= HANG_STEP else dist.all_reduce(t)  # site:mismatch_line
+            sync_device()
 
     elif SCENARIO == "sigstop":
         for step in range(1, 20):
             dist.all_reduce(t)  # site:stop_all_reduce
+            sync_device()
             if step == HANG_STEP and rank == 1:
                 mark_onset()
                 os.kill(os.getpid(), signal.SIGSTOP)
@@ -169,6 +189,7 @@ def main() -> None:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         for step in range(1, 12):
             dist.all_reduce(t)
+            sync_device()
             dtwatch.step()
             time.sleep(0.05)
             if attempt == 0 and rank == 1 and step == HANG_STEP:
@@ -182,6 +203,7 @@ def main() -> None:
             if step == HANG_STEP:
                 mark_onset()
             dist.all_reduce(torch.ones(n))  # site:shape_mismatch
+            sync_device()
             time.sleep(0.05)
 
     elif SCENARIO == "straggler":
@@ -189,6 +211,7 @@ def main() -> None:
             if rank == world - 1:
                 time.sleep(0.12)  # site:slow_rank
             dist.all_reduce(t)
+            sync_device()
             dtwatch.step()
 
     elif SCENARIO == "dashboard_tour":
@@ -207,6 +230,7 @@ def main() -> None:
             if rank == world - 1:
                 time.sleep(0.1)  # site:tour_slow_rank
             dist.all_reduce(metric)  # site:tour_metric
+            sync_device()
         mark_onset()
         dist.barrier()  # site:tour_post_loop_barrier
 

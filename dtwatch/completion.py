@@ -1,0 +1,145 @@
+"""What completed, for process groups whose collectives return before they complete.
+
+On gloo a synchronous collective returns when it has completed, so the recorder stamps its exit then.
+On NCCL it returns once enqueued on the GPU stream, and completes later, or never. The same holds for
+``async_op=True`` work everywhere. For such groups the recorder leaves the record in flight
+(``FLAG_ENQUEUED``). The sampler then asks the group's :class:`CompletionSource`, off the training
+thread, for its *completed watermark*: the highest sequence number such that it and everything before it
+in the group have completed. Records at or below the watermark are stamped completed.
+
+Sources, per backend (chosen once per group by :func:`completion_source`):
+
+* ``gloo_async`` (:mod:`dtwatch.testing`): the group reports its active collectives itself, every tick;
+* ``nccl``: torch's Flight Recorder, active entries only (``onlyActive=True``, without stack traces),
+  one dump per process at most every ``NCCL_POLL_INTERVAL`` seconds, shared by all groups. It needs
+  the Flight Recorder on (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0, which dtwatch
+  sets unless told not to). Without it there is no source, and completion falls back to "the call
+  returned", as on gloo. The README's support table states this;
+* any other backend: none (its calls complete when they return).
+
+The watermark of a group is computed from the number of collectives issued, read *before* looking at
+the active entries. Then each collective counted is either listed as active or has completed, and the
+watermark is ``min(active seq) - 1``, or the number issued when nothing is active.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+from typing import Any, Callable, Iterable
+
+from .torchenv import flight_recorder_on
+
+log = logging.getLogger("dtwatch")
+
+NCCL_POLL_INTERVAL = 1.0  # seconds between Flight Recorder dumps for NCCL completion
+
+
+def watermark(issued: int, active: Iterable[int]) -> int:
+    """The completed watermark of a group with ``issued`` collectives, of which ``active`` are not done."""
+    return min(active, default=issued + 1) - 1
+
+
+class CompletionSource:
+    """Answers "up to which sequence number has this group completed?" (None: no news this time)."""
+
+    def __init__(self, pg: Any, seqfn: Callable[[], int]) -> None:
+        self.pg, self.seqfn = pg, seqfn
+
+    def completed(self, now: float) -> int | None:
+        raise NotImplementedError
+
+
+class SelfReported(CompletionSource):
+    """A group that lists its own active collectives (``in_flight() -> (issued, [(seq, op), ...])``)."""
+
+    def completed(self, now: float) -> int | None:
+        issued, active = self.pg.in_flight()
+        return watermark(issued, (seq for seq, _op in active))
+
+
+class _NcclActiveEntries:
+    """This process's active NCCL Flight Recorder entries, re-read at most every ``NCCL_POLL_INTERVAL``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fetched = float("-inf")
+        self.sources: list["FlightRecorderActive"] = []
+        self.answers: dict[int, int] = {}  # id(source) -> watermark at the last fetch
+
+    def refresh(self, now: float) -> None:
+        if now - self.fetched < NCCL_POLL_INTERVAL:
+            return
+        self.fetched = now
+        issued = {}
+        for src in self.sources:
+            try:
+                issued[id(src)] = src.seqfn()
+            except Exception:  # noqa: BLE001 - a group being destroyed
+                continue
+        entries = _dump_active_entries()
+        if entries is None:
+            self.answers = {}
+            return
+        active: dict[str, list[int]] = {}
+        for e in entries:
+            if e.get("is_p2p") or e.get("collective_seq_id") is None:
+                continue
+            name = str((e.get("process_group") or ["?"])[0])
+            active.setdefault(name, []).append(int(e["collective_seq_id"]))
+        self.answers = {id(src): watermark(issued[id(src)], active.get(src.name, ()))
+                        for src in self.sources if id(src) in issued}
+
+
+def _dump_active_entries() -> list[dict] | None:
+    import torch._C._distributed_c10d as c10d_c
+
+    fn = getattr(c10d_c, "_dump_nccl_trace", None)
+    if fn is None:
+        return None
+    try:
+        data = fn(includeCollectives=True, includeStackTraces=False, onlyActive=True)
+        return list(pickle.loads(data).get("entries") or [])
+    except Exception as exc:  # noqa: BLE001 - e.g. an older torch without these arguments
+        log.debug("dtwatch: reading NCCL's active Flight Recorder entries failed: %r", exc)
+        return None
+
+
+_NCCL = _NcclActiveEntries()
+
+
+class FlightRecorderActive(CompletionSource):
+    """An NCCL group, by torch's Flight Recorder (see the module doc)."""
+
+    def __init__(self, pg: Any, seqfn: Callable[[], int], name: str) -> None:
+        super().__init__(pg, seqfn)
+        self.name = name
+        with _NCCL.lock:
+            _NCCL.sources.append(self)
+
+    def completed(self, now: float) -> int | None:
+        with _NCCL.lock:
+            _NCCL.refresh(now)
+            return _NCCL.answers.get(id(self))
+
+
+def completion_source(pg: Any, backend: str, seqfn: Callable[[], int] | None, name: str) -> CompletionSource | None:
+    """The source of completions for ``pg``, or None where a call has completed when it returns."""
+    if seqfn is None:
+        return None
+    if callable(getattr(pg, "in_flight", None)):
+        return SelfReported(pg, seqfn)
+    if backend == "nccl" and flight_recorder_on():
+        return FlightRecorderActive(pg, seqfn, name)
+    return None
+
+
+def forget_all() -> None:
+    """Drop the NCCL sources (the recorder detached: its groups are gone)."""
+    with _NCCL.lock:
+        _NCCL.sources.clear()
+        _NCCL.answers.clear()
+        _NCCL.fetched = float("-inf")
+
+
+__all__ = ["CompletionSource", "completion_source", "watermark", "NCCL_POLL_INTERVAL", "forget_all"]

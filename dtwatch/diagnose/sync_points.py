@@ -1,0 +1,36 @@
+"""Where a rank actually waits when the call it is blocked on returned before completing.
+
+On NCCL (and on ``gloo_async``, and for ``async_op=True`` work anywhere) a rank that issued a
+collective that cannot complete does not stop in it: the call returns and the rank runs on. It stops
+later, at a synchronisation point (``torch.cuda.synchronize()``, ``.item()``, a barrier on another
+group), or keeps issuing work. The finding names the collective, because that is the cause. This module
+adds where the main thread waits, so that a reader who looks at the process (py-spy, a debugger) and
+sees a different line is not misled: ``details["waits_at"]`` and one sentence in the summary.
+"""
+from __future__ import annotations
+
+from .context import Context
+from .model import STALL, Finding
+from .text import sentence, waits_elsewhere
+
+
+def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:
+    for f in findings:
+        if f.severity != STALL:
+            continue
+        notes: list[str] = []
+        for rank in list(dict.fromkeys(f.ranks + f.waiting_ranks)):
+            p, s = ctx.pos.get(rank), ctx.by_rank.get(rank)
+            if p is None or s is None or p.state not in ("blocked", "unresponsive") or p.call is None:
+                continue
+            call = p.call
+            if not (call.is_async and call.in_flight) or s.main_site is None:
+                continue
+            here = (s.main_site.get("file"), s.main_site.get("line"))
+            if here == call.site_key or here == call.user_site_key:
+                continue
+            f.details.setdefault("waits_at", {})[str(rank)] = ctx.site(s.main_site)
+            notes.append(waits_elsewhere(rank, call, ctx.fmt(s.main_site)))
+        if notes:
+            f.summary = f.summary.rstrip() + " " + sentence(*notes)
+    return findings
