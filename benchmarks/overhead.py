@@ -104,7 +104,7 @@ def _through_library_caller(fn, arg, depth: int = 2):
     return scope["caller"]
 
 
-def bench_per_call(blocks: int, calls: int, noop_calls: int) -> dict:
+def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "gloo") -> dict:
     import torch
     import torch.distributed as dist
 
@@ -119,7 +119,9 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int) -> dict:
     os.environ["DTWATCH_DIR"] = tmp
     os.environ["DTWATCH_JOB_ID"] = "per-call"
     assert dtwatch.install(), "dtwatch was already installed in this process"
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
+    if backend == "gloo_async":
+        import dtwatch.testing  # noqa: F401 - registers the backend
+    dist.init_process_group(backend, rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
     c10d = dist.distributed_c10d
     rec = recorder.active()
     t = torch.ones(1)
@@ -130,7 +132,8 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int) -> dict:
         "broadcast": (lambda f: (lambda: f(t, 0))),
         "all_gather_into_tensor": (lambda f: (lambda: f(out, t))),
     }
-    result: dict = {"collective": {}, "hot_path": {}}
+    result: dict = {"collective": {}, "hot_path": {}, "backend": backend,
+                    "completion_tracked": bool(getattr(rec, "tracked", None))}
     for name, make in cases.items():
         wrapper = getattr(dist, name)
         original = wrapper.__dtwatch_original__
@@ -398,6 +401,9 @@ def main() -> None:
     ap.add_argument("--ddp-blocks", type=int, default=None, help="(b) blocks per mode (default 40)")
     ap.add_argument("--ddp-steps", type=int, default=None, help="(b) steps per block (default 15)")
     ap.add_argument("--no-ddp", action="store_true", help="skip (b)")
+    ap.add_argument("--backend", choices=("gloo", "gloo_async"), default="gloo",
+                    help="(a) the one-rank group's backend: gloo_async (dtwatch.testing, NCCL's execution "
+                         "model) times the completion-tracked path")
     ap.add_argument("--exporters", action="store_true",
                     help="also run (b) with a real watchdog exporting (Prometheus scraped, OTLP/HTTP to a local sink)")
     # worker side of (b)
@@ -425,7 +431,7 @@ def main() -> None:
             "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
             "machine": platform.machine(),
         },
-        "per_call": bench_per_call(blocks, calls, noop_calls),
+        "per_call": bench_per_call(blocks, calls, noop_calls, args.backend),
     }
     if not args.no_ddp:
         d = res["ddp"] = bench_ddp(ddp_blocks, ddp_steps, 1 if quick else 2, timeout=600)

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .callsite import INTERNAL, USER, classify_file
+from .ops import P2P_NAMES
 
 SEQ, OP_ID = "seq", "op_id"  # summary keys of collective_seq_id and op_id
 _OFFSETS = (0, -1, 1)
-_P2P = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+_P2P = P2P_NAMES
 # Single-input ops whose first input's shape dtwatch's fingerprint and FR's input_sizes both state.
 _SHAPED = {"all_reduce", "broadcast", "reduce"}
 

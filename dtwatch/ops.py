@@ -64,6 +64,10 @@ OP_KINDS: dict[str, OpKind] = {
 }
 
 
+# Point-to-point ops, by name (the rest are collectives).
+P2P_NAMES = frozenset(name for name, kind in OP_KINDS.items() if kind.flags & FLAG_P2P)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """An :class:`OpKind` bound to the installed function's parameter positions."""

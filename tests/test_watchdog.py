@@ -1,5 +1,9 @@
-"""Real hanging jobs (gloo, 2-3 ranks) under a real watchdog: each kind is diagnosed with the right rank,
-op and line; healthy runs with quiet gaps and a straggler raise no stall."""
+"""Real hanging jobs (2-3 ranks) under a real watchdog: each kind is diagnosed with the right rank,
+op and line; healthy runs with quiet gaps and a straggler raise no stall.
+
+Every stall kind runs on gloo and on ``gloo_async`` (dtwatch.testing: NCCL's execution model, where a
+collective returns before it completes and the rank waits later, at a synchronisation point): the
+diagnosis must be the same, naming the collective, not the line where the rank happens to wait."""
 from __future__ import annotations
 
 import json
@@ -23,9 +27,15 @@ def stall(index: dict) -> dict:
     return findings[0]
 
 
+@pytest.fixture(params=["gloo", "gloo_async"])
+def backend(request) -> str:
+    return request.param
+
+
 @contextmanager
-def incident(tmp_path, scenario, nproc, **kw):
+def incident(tmp_path, scenario, nproc, backend="gloo", **kw):
     """Run a hanging job under a watchdog; yield (job, index of its first complete incident); stop it."""
+    kw["extra_env"] = {**kw.get("extra_env", {}), "HANG_BACKEND": backend}
     job = launch(tmp_path, scenario, nproc, window=WINDOW, **kw)
     try:
         yield job, job.wait_incident(timeout=90)
@@ -34,8 +44,8 @@ def incident(tmp_path, scenario, nproc, **kw):
 
 
 @pytest.mark.timeout(150)
-def test_rank_conditional_collective_in_ddp_job(tmp_path):
-    with incident(tmp_path, "rank_conditional", 2) as (job, index):
+def test_rank_conditional_collective_in_ddp_job(tmp_path, backend):
+    with incident(tmp_path, "rank_conditional", 2, backend) as (job, index):
         f = stall(index)
         assert_rank_conditional_finding(f)
         # The branch named is the `if` that made the ranks differ, reached from the call's line.
@@ -56,6 +66,14 @@ def test_rank_conditional_collective_in_ddp_job(tmp_path):
         fr = json.load(open(f"{bundle}/fr/rank-00000.json"))
         assert any(e["op"] == "all_reduce" and e["op_id"] == f["seq"] for e in fr["entries"])  # gloo: op_id == seq
         assert "timeline.svg" in files
+        if backend == "gloo_async":
+            # The all_reduce returned; rank 0 waits three lines later, where it synchronises. The finding
+            # names the all_reduce and says where the rank waits, without claiming it is inside the call.
+            assert f["details"]["waits_at"]["0"]["line"] == site_line("validate_sync")
+            assert "returned before it completed" in f["summary"]
+            assert "rank 0 issued all_reduce" in f["summary"]
+        else:
+            assert "waits_at" not in f["details"] and "rank 0 is in all_reduce" in f["summary"]
 
 
 @pytest.mark.timeout(150)
@@ -74,8 +92,8 @@ def test_tensor_parallel_job_initialised_by_init_device_mesh(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_subgroup_collective_skipped_by_a_member(tmp_path):
-    with incident(tmp_path, "subgroup_skip", 3) as (job, index):
+def test_subgroup_collective_skipped_by_a_member(tmp_path, backend):
+    with incident(tmp_path, "subgroup_skip", 3, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "rank_conditional"
         assert f["ranks"] == [0]
@@ -84,13 +102,18 @@ def test_subgroup_collective_skipped_by_a_member(tmp_path):
         assert f["site"]["line"] == site_line("subgroup_all_reduce")
         assert f["details"]["skipped_by"] == [1]
         assert f["details"]["subgroup_members"] == [0, 1]
-        assert f["waiting_op"] == "barrier" and f["waiting_site"]["line"] == site_line("subgroup_barrier")
+        if backend == "gloo":
+            assert f["waiting_op"] == "barrier" and f["waiting_site"]["line"] == site_line("subgroup_barrier")
+        else:
+            # rank 0's subgroup all_reduce returned, so it reached the barrier, which completed; it then
+            # blocks where it synchronises, and the others wait in the next step's all_reduce.
+            assert f["waiting_op"] == "all_reduce" and f["waiting_site"]["line"] == site_line("world_all_reduce")
         assert sorted(f["waiting_ranks"]) == [1, 2]
 
 
 @pytest.mark.timeout(150)
-def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path):
-    with incident(tmp_path, "uneven_ddp", 2) as (job, index):
+def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path, backend):
+    with incident(tmp_path, "uneven_ddp", 2, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "uneven_iterations"
         assert f["ranks"] == [1]
@@ -109,8 +132,8 @@ def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_path):
-    with incident(tmp_path, "stuck_outside", 2) as (job, index):
+def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_path, backend):
+    with incident(tmp_path, "stuck_outside", 2, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "stuck_outside_collective"
         assert f["ranks"] == [1]
@@ -128,9 +151,9 @@ def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_pa
     ("killed", "ended without a Python exception or a normal exit (no exit was recorded"),
     ("returned", "exited normally"),
 ])
-def test_rank_exited_while_others_wait(tmp_path, scenario, how):
+def test_rank_exited_while_others_wait(tmp_path, scenario, how, backend):
     # Plain processes (like srun): nobody tears the survivors down when a rank dies.
-    with incident(tmp_path, scenario, 2, torchrun=False) as (job, index):
+    with incident(tmp_path, scenario, 2, backend, torchrun=False) as (job, index):
         f = stall(index)
         assert f["ranks"] == [1]
         assert how in f["summary"]
@@ -151,8 +174,8 @@ def test_rank_exited_while_others_wait(tmp_path, scenario, how):
 
 
 @pytest.mark.timeout(150)
-def test_op_mismatch_at_same_sequence_number(tmp_path):
-    with incident(tmp_path, "mismatch", 3) as (job, index):
+def test_op_mismatch_at_same_sequence_number(tmp_path, backend):
+    with incident(tmp_path, "mismatch", 3, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "mismatch"
         assert f["ranks"] == [1]
@@ -163,9 +186,9 @@ def test_op_mismatch_at_same_sequence_number(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_shape_mismatch_that_crashes_gloo_is_explained(tmp_path):
+def test_shape_mismatch_that_crashes_gloo_is_explained(tmp_path, backend):
     # gloo aborts one rank ("Received data size doesn't match") and torchrun tears the others down.
-    with incident(tmp_path, "shape_mismatch", 3) as (job, index):
+    with incident(tmp_path, "shape_mismatch", 3, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "mismatch"
         assert f["ranks"] == [1]
@@ -175,8 +198,8 @@ def test_shape_mismatch_that_crashes_gloo_is_explained(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_wedged_rank_sigstop_is_unresponsive(tmp_path):
-    with incident(tmp_path, "sigstop", 2, torchrun=False) as (job, index):  # stop() sends SIGCONT first
+def test_wedged_rank_sigstop_is_unresponsive(tmp_path, backend):
+    with incident(tmp_path, "sigstop", 2, backend, torchrun=False) as (job, index):  # stop() sends SIGCONT first
         f = stall(index)
         assert f["kind"] == "unresponsive"
         assert f["ranks"] == [1]
@@ -185,8 +208,10 @@ def test_wedged_rank_sigstop_is_unresponsive(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_healthy_run_with_quiet_gaps_raises_no_stall(tmp_path):
-    job = launch(tmp_path, "healthy_quiet", 2, window=3.0, extra_env={"QUIET_SECONDS": "7"})
+@pytest.mark.parametrize("scenario", ["healthy_quiet", "healthy_fsdp"])
+def test_healthy_run_with_quiet_gaps_raises_no_stall(tmp_path, scenario, backend):
+    # DDP and FSDP2 training with a quiet gap on every rank longer than the window.
+    job = launch(tmp_path, scenario, 2, window=3.0, extra_env={"QUIET_SECONDS": "7", "HANG_BACKEND": backend})
     try:
         codes = job.wait_exit(timeout=180)
         assert codes == [0], job.watchdog_log()

@@ -216,7 +216,14 @@ class Context:
             return fields, f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for it"
         where = {(self.pos[r].call.group, self.pos[r].call.seq, self.pos[r].call.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
+        returned = first.call.is_async and first.call.in_flight  # NCCL's model: the rank waits elsewhere
         text = f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
+        if returned:
+            text = (f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for {describe(first.call)}, issued at "
+                    f"{self.fmt(site)}")
+            waits_at = self.by_rank[first.rank].main_site
+            if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.call.user_site_key:
+                text += f", at {self.fmt(waits_at)}"
         if len(where) > 1:
             text = f"{fmt_ranks(ranks)} wait, the first in {describe(first.call)} at {self.fmt(site)}"
         return fields, text

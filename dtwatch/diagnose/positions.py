@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ops import P2P_NAMES
 from ..state import CPP_OP, Call, RankState
 from .model import Position
 
@@ -58,14 +59,28 @@ def cpp_blocked_call(s: RankState, by_rank: dict[int, RankState]) -> Call | None
     return best
 
 
-def waiting_call(s: RankState) -> Call | None:
+def completed_by_peers(call: Call, s: RankState, by_rank: dict[int, RankState]) -> bool:
+    """A collective still in flight in ``s``'s ring that every other member of its group completed: it
+    completed here too (every member took part), and this rank could not report it yet. Its completions
+    are polled, so a rank stopped or killed right after the work finished still lists it."""
+    if call.op in P2P_NAMES or not (call.is_async and call.in_flight):
+        return False
+    g = s.groups.get(call.group)
+    peers = [m for m in (g.members or []) if m != s.rank] if g is not None else []
+    if not peers or any(m not in by_rank for m in peers):
+        return False
+    last = call.seq + max(call.span, 1) - 1
+    return all((pg := by_rank[m].groups.get(call.group)) is not None and pg.completed >= last for m in peers)
+
+
+def waiting_call(s: RankState, by_rank: dict[int, RankState] | None = None) -> Call | None:
     """The issued, not completed, call the rank waits on: its synchronous call if it is in one, else the
     oldest call still in flight (later ones queue behind it): asynchronous or returned before completing
     (NCCL), and on tracked groups one issued from C++."""
     sync = [c for c in s.open_calls if not c.is_async]
     if sync:
         return sync[-1]
-    pending = [c for c in s.open_calls if c.is_async]
+    pending = [c for c in s.open_calls if c.is_async and not (by_rank and completed_by_peers(c, s, by_rank))]
     oldest = min(pending, key=lambda c: c.t_enter) if pending else None
     cpp = tracked_cpp_call(s)
     if cpp is not None and (oldest is None or (cpp.group == oldest.group and cpp.seq < oldest.seq)):
@@ -80,9 +95,9 @@ def positions(states: list[RankState], now: float, heartbeat_stale: float) -> di
         if s.gone:
             out[s.rank] = Position(s.rank, "gone", s.last_call(), None)
         elif s.proc_state == "T" or (s.alive is not False and s.heartbeat_age(now) > heartbeat_stale):
-            out[s.rank] = Position(s.rank, "unresponsive", waiting_call(s), s.main_site)
+            out[s.rank] = Position(s.rank, "unresponsive", waiting_call(s, by_rank), s.main_site)
         else:
-            call = waiting_call(s) or cpp_blocked_call(s, by_rank)
+            call = waiting_call(s, by_rank) or cpp_blocked_call(s, by_rank)
             out[s.rank] = Position(s.rank, "blocked" if call else "outside", call, s.main_site)
     return out
 

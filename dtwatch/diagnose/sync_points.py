@@ -18,10 +18,12 @@ def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.severity != STALL:
             continue
-        notes: list[str] = []
+        by_place: dict[tuple, list[int]] = {}
+        calls: dict[tuple, tuple] = {}
         for rank in list(dict.fromkeys(f.ranks + f.waiting_ranks)):
             p, s = ctx.pos.get(rank), ctx.by_rank.get(rank)
-            if p is None or s is None or p.state not in ("blocked", "unresponsive") or p.call is None:
+            # Only live, responsive ranks: a stopped rank's last sampled line is stale (py-spy tells).
+            if p is None or s is None or p.state != "blocked" or p.call is None:
                 continue
             call = p.call
             if not (call.is_async and call.in_flight) or s.main_site is None:
@@ -30,7 +32,10 @@ def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:
             if here == call.site_key or here == call.user_site_key:
                 continue
             f.details.setdefault("waits_at", {})[str(rank)] = ctx.site(s.main_site)
-            notes.append(waits_elsewhere(rank, call, ctx.fmt(s.main_site)))
+            key = (call.op, call.group, call.seq, call.enqueued, here)
+            by_place.setdefault(key, []).append(rank)
+            calls.setdefault(key, (call, s.main_site))
+        notes = [waits_elsewhere(ranks, calls[key][0], ctx.fmt(calls[key][1])) for key, ranks in by_place.items()]
         if notes:
             f.summary = f.summary.rstrip() + " " + sentence(*notes)
     return findings

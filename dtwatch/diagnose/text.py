@@ -88,12 +88,13 @@ def describe(call: Call | None) -> str:
     return f"{op_name(call)} (group {call.group}, seq {call.seq})"
 
 
-def waits_elsewhere(rank: int, call: Call, where: str) -> str:
-    """A rank blocked on a call that returned (or was issued asynchronously) waits at another line."""
+def waits_elsewhere(ranks: list[int], call: Call, where: str) -> str:
+    """Ranks blocked on a call that returned (or was issued asynchronously) wait at another line."""
     how = ("returned before it completed (the NCCL execution model)" if call.enqueued
-           else "was issued asynchronously")
-    who = fmt_ranks([rank])
-    return f"{who}'s {call.op} (group {call.group}, seq {call.seq}) {how} and has not completed; {who} now waits at {where}"
+           else "was issued asynchronously and has not completed")
+    who = fmt_ranks(ranks)
+    return (f"the {call.op} (group {call.group}, seq {call.seq}) of {who} {how}; {who} now "
+            f"{verb(ranks, 'waits', 'wait')} at {where}")
 
 
 def trim(text: str, limit: int = 300) -> str:

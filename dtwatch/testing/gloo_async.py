@@ -197,6 +197,8 @@ class GlooAsyncGroup(ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._holder = ProcessGroup(store, rank, size)
+        self._holder._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
         self._lock = threading.Lock()
         self._seq = 0  # collectives issued (NCCL's collective counter: p2p ops do not advance it)
         self._active: dict[int, str] = {}  # seq -> op of collectives not completed, NCCL Flight Recorder style
@@ -239,6 +241,12 @@ class GlooAsyncGroup(ProcessGroup):
     # torch reads a group's name and description from its backend; this group is its own backend.
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
+        # gloo's Flight Recorder entries carry the name of the group that holds it: a plain holder group,
+        # so that they name this group, as NCCL's do.
+        try:
+            self._holder._set_group_name(name)
+        except Exception:  # noqa: BLE001 - the entries then carry no name; nothing else depends on it
+            pass
 
     @property
     def group_name(self) -> str:
@@ -246,6 +254,10 @@ class GlooAsyncGroup(ProcessGroup):
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
+        try:
+            self._holder._set_group_desc(desc)
+        except Exception:  # noqa: BLE001
+            pass
 
     @property
     def group_desc(self) -> str:

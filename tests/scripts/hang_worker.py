@@ -183,6 +183,31 @@ def main() -> None:
             time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))  # site:quiet_gap
         dist.barrier()
 
+    elif SCENARIO == "healthy_fsdp":
+        # FSDP2 (all-gathers and reduce-scatters issued from its hooks), a logged metric per step, and a
+        # quiet gap on every rank longer than the stall window.
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(1, 31):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            metric = loss.detach().clone()
+            dist.all_reduce(metric)
+            sync_device()
+            time.sleep(0.1)
+            if step == 15:
+                time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))
+        dist.barrier()
+
     elif SCENARIO == "crash_once":
         # First attempt: rank 1 crashes at step HANG_STEP. torchrun --max-restarts restarts the job, which
         # then finishes.
