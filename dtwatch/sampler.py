@@ -148,21 +148,30 @@ class Sampler(threading.Thread):
 
 
 def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
-    """Write torch's Flight Recorder for this process to ``<run dir>/fr/rank-R.N.pkl``; path or None."""
+    """Write torch's Flight Recorder for this process to ``<run dir>/fr/rank-R.N.pkl``; path or None.
+
+    torch keeps one recorder per kind of backend: ``_dump_nccl_trace`` (CUDA builds: NCCL's) and
+    ``_dump_fr_trace`` (gloo's; on older torch the only one). Both are read and their entries merged."""
+    import pickle
+
     import torch._C._distributed_c10d as c10d_c
 
-    data = None
+    dumps = []
     for name in ("_dump_nccl_trace", "_dump_fr_trace"):
         fn = getattr(c10d_c, name, None)
         if fn is None:
             continue
         try:
-            data = fn()
-            break
+            dumps.append(pickle.loads(fn()))
         except Exception as exc:  # noqa: BLE001 - e.g. Flight Recorder disabled
             log.debug("dtwatch: %s failed: %r", name, exc)
-    if data is None:
+    if not dumps:
         return None
+    merged = next((d for d in dumps if d.get("entries")), dumps[0])
+    if len(dumps) > 1:
+        merged = dict(merged)
+        merged["entries"] = [e for d in dumps for e in (d.get("entries") or [])]
+    data = pickle.dumps(merged)
     path = os.path.join(run_dir, "fr", f"rank-{rank:05d}.{request}.pkl")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
