@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 c10d = dist.distributed_c10d
+NEW_NAMES = hasattr(dist, "all_gather_single")
 
 
 def main() -> None:
@@ -37,18 +38,20 @@ def main() -> None:
     big = torch.empty(world * 6)
     dist.all_gather_into_tensor(big, torch.full((6,), float(rank)))  # site:all_gather_into_tensor
     done("all_gather_into_tensor")
-    big2 = torch.empty(world * 2, 3)
-    dist.all_gather_single(big2, torch.full((2, 3), float(rank)))  # site:all_gather_single
-    done("all_gather_single")
-    assert big2[-1].eq(world - 1).all()
+    if NEW_NAMES:  # torch >= 2.13 spells the single-tensor ops *_single
+        big2 = torch.empty(world * 2, 3)
+        dist.all_gather_single(big2, torch.full((2, 3), float(rank)))  # site:all_gather_single
+        done("all_gather_single")
+        assert big2[-1].eq(world - 1).all()
     rs = torch.empty(2, 3)
     dist.reduce_scatter_tensor(rs, torch.ones(world * 2, 3))  # site:reduce_scatter_tensor
     done("reduce_scatter_tensor")
     assert rs.eq(world).all()
-    rs2 = torch.empty(2, dtype=torch.float64)
-    dist.reduce_scatter_single(rs2, torch.ones(world * 2, dtype=torch.float64))  # site:reduce_scatter_single
-    done("reduce_scatter_single")
-    assert rs2.eq(world).all()
+    if NEW_NAMES:
+        rs2 = torch.empty(2, dtype=torch.float64)
+        dist.reduce_scatter_single(rs2, torch.ones(world * 2, dtype=torch.float64))  # site:reduce_scatter_single
+        done("reduce_scatter_single")
+        assert rs2.eq(world).all()
     b = torch.full((7,), float(rank), dtype=torch.float64)
     dist.broadcast(b, src=1)  # site:broadcast
     done("broadcast")
