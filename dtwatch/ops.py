@@ -66,6 +66,12 @@ OP_KINDS: dict[str, OpKind] = {
 
 # Point-to-point ops, by name (the rest are collectives).
 P2P_NAMES = frozenset(name for name, kind in OP_KINDS.items() if kind.flags & FLAG_P2P)
+# Collectives whose recorded tensor must have the same shape on every rank (all_to_all's splits, gather's
+# and scatter's root-only lists and object collectives legitimately differ).
+SAME_SHAPE_OPS = frozenset({
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
+    "_all_gather_base", "reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base",
+})
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Call:
     # A synchronous call that returned before its work completed (NCCL's model): in flight until the
     # group's completions pass it. ``is_async`` is true for it too: the rank runs on and waits later.
     enqueued: bool = False
+    step: int = -1  # the rank's step counter when it issued the call (-1: unknown)
 
     @property
     def in_flight(self) -> bool:
@@ -199,11 +200,11 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             return []
         rows = rows_of[idx].view(recs.dtype)  # gathered as opaque items: much faster than field by field
         out = []
-        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span, user_id, peer in zip(
+        for op, gslot, seq, site_id, te, tx, dt, ndim, numel, dims, flags, span, user_id, peer, step in zip(
             rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
             rows["t_enter"].tolist(), rows["t_exit"].tolist(), rows["dtype"].tolist(), rows["ndim"].tolist(),
             rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
-            rows["user_site"].tolist(), rows["peer"].tolist(),
+            rows["user_site"].tolist(), rows["peer"].tolist(), rows["step"].tolist(),
         ):
             name = OPS[op] if op < n_ops else "unknown"
             key = (name, dt, numel >= 0, *dims[: min(ndim, 4)])
@@ -228,7 +229,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             out.append(Call(
                 name, groups_info[gslot].name if gslot < n_groups else str(gslot), seq, site, te, tx, fp,
                 bool(flags & (FLAG_ASYNC | FLAG_ENQUEUED)) or name in ("isend", "irecv", "batch_isend_irecv"), span,
-                user, peer, bool(flags & FLAG_ENQUEUED),
+                user, peer, bool(flags & FLAG_ENQUEUED), step,
             ))
         return out
 

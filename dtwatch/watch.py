@@ -30,7 +30,7 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    EntryLags, FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings,
+    EntryLags, FileEvidence, Finding, diagnose, entry_lags, silent_desyncs, straggler_warning, uneven_loader_warnings,
 )
 from .diagnose.evidence import main_thread_frames
 from .console import show
@@ -129,6 +129,7 @@ class Watchdog:
         self.incidents_total = 0
         self.findings_total: dict[tuple[str, str], int] = {}
         self.warned: set[tuple] = set()
+        self.silent_reported: set[tuple] = set()  # (group, seq) of silent desyncs reported
         self.warnings: list[Finding] = []
         self.exporters: list = []
         self.webhook = None
@@ -459,8 +460,12 @@ class Watchdog:
         strag = straggler_warning(lags, now)
         if strag is not None:
             found.append(strag)
+        found += silent_desyncs(states, now, self.silent_reported, self.evidence([]))
         for f in found:
-            key = (f.kind, tuple(f.ranks), json.dumps(f.details.get("loader", {}).get("lengths")) if f.kind != "straggler" else "")
+            if f.details.get("silent"):
+                key = (f.kind, f.group, f.seq)
+            else:
+                key = (f.kind, tuple(f.ranks), json.dumps(f.details.get("loader", {}).get("lengths")) if f.kind != "straggler" else "")
             if key in self.warned:
                 continue
             self.warned.add(key)

@@ -32,6 +32,11 @@ def backend(request) -> str:
     return request.param
 
 
+def false_warnings(job) -> list[dict]:
+    """Desync or mismatch warnings of a healthy run (there must be none)."""
+    return [e for e in job.events() if e["event"] == "warning" and e["kind"] in ("desync", "mismatch")]
+
+
 @contextmanager
 def incident(tmp_path, scenario, nproc, backend="gloo", **kw):
     """Run a hanging job under a watchdog; yield (job, index of its first complete incident); stop it."""
@@ -218,6 +223,7 @@ def test_healthy_run_with_quiet_gaps_raises_no_stall(tmp_path, scenario, backend
         job.watchdog.wait(timeout=30)
         assert job.bundles() == []
         assert not [e for e in job.events() if e["event"] == "stall"]
+        assert not false_warnings(job), false_warnings(job)
     finally:
         job.stop()
 
@@ -231,6 +237,7 @@ def test_straggler_is_a_warning_not_a_stall(tmp_path):
         assert job.bundles() == []
         warnings = [e for e in job.events() if e["event"] == "warning" and e["kind"] == "straggler"]
         assert warnings, job.watchdog_log()
+        assert not false_warnings(job), false_warnings(job)
         assert warnings[0]["ranks"] == [2]
         assert warnings[0]["details"]["median_lag_s"]["2"] > 0.08
         # The analyzer lists the warning the watchdog issued while the job ran, as it was issued.
@@ -244,5 +251,33 @@ def test_straggler_is_a_warning_not_a_stall(tmp_path):
                               capture_output=True, text=True, timeout=60).stdout
         section = text.split("WARNINGS", 1)[1]
         assert "[straggler]" in section and "(issued by the watchdog at" in section
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario, nproc, backend, marker", [
+    ("extra_call", 3, "gloo", "extra_all_reduce"),
+    ("extra_call", 2, "gloo_async", "extra_all_reduce"),  # two equal sides: the rank test decides
+    ("extra_call_helper", 3, "gloo", "helper_all_reduce"),
+])
+def test_extra_same_shape_collective_is_a_silent_desync_named_before_any_hang(tmp_path, scenario, nproc, backend,
+                                                                              marker):
+    # Rank 1 issues one extra all_reduce at step 6; it pairs with the others' next one and nothing hangs
+    # until the end of the job (when rank 1, one call ahead, waits alone).
+    job = launch(tmp_path, scenario, nproc, window=WINDOW, extra_env={"HANG_BACKEND": backend})
+    try:
+        index = job.wait_incident(timeout=90)  # the final hang
+        desyncs = [e for e in job.events() if e["event"] == "warning" and e["kind"] == "desync"]
+        assert len(desyncs) == 1, job.watchdog_log()
+        d = desyncs[0]
+        assert d["ranks"] == [1] and d["op"] == "all_reduce" and d["group"] == "0"
+        assert d["site"]["line"] == site_line(marker)
+        assert d["waiting_ranks"] == [r for r in range(nproc) if r != 1]
+        assert d["waiting_site"]["line"] == site_line("loop_all_reduce")
+        assert d["details"]["pattern"] == "shifted" and d["details"]["silent"] is True
+        assert "rank 1 deviates" in d["summary"]
+        assert d["detected"] - job.onset() < 10.0
+        assert d["detected"] < index["detected"] - 2.0  # long before the hang at the end
     finally:
         job.stop()

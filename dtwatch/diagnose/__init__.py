@@ -38,13 +38,14 @@ from .evidence import Evidence, FileEvidence, RecordedEvidence
 from .model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
 from .positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
 from .text import fmt_ranks, fmt_site, trim, with_source
+from .silent import silent_desyncs
 from .warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",
     "Position", "RecordedEvidence", "STALL", "StallCheck", "WARNING", "check_stall", "classify",
     "cpp_blocked_call", "diagnose", "diagnose_fixture", "entry_lags", "exit_findings", "fmt_ranks",
-    "fmt_site", "loader_evidence", "positions", "settle_completed", "straggler_warning", "trim",
+    "fmt_site", "loader_evidence", "positions", "settle_completed", "silent_desyncs", "straggler_warning", "trim",
     "uneven_loader_warnings", "with_source",
 ]
 

@@ -8,7 +8,7 @@ they lie under it.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..state import CPP_OP, Call
 from .evidence import Evidence
@@ -95,6 +95,38 @@ def waits_elsewhere(ranks: list[int], call: Call, where: str) -> str:
     who = fmt_ranks(ranks)
     return (f"the {call.op} (group {call.group}, seq {call.seq}) of {who} {how}; {who} now "
             f"{verb(ranks, 'waits', 'wait')} at {where}")
+
+
+_SILENT_PATTERNS = {
+    "python_vs_cpp": "a collective issued from Python met one issued from C++ (DDP/FSDP)",
+    "op_mismatch": "different collectives met",
+    "shape_mismatch": "the same collective with different shapes met",
+    "shifted": "the same collective from different lines at different steps met: one side is a call ahead of the other",
+}
+
+
+def _side(ranks: list[int], call: Call | None, path: Callable[[str], str]) -> str:
+    if call is None:
+        return f"{fmt_ranks(ranks)} issued a collective from C++ (DDP/FSDP)"
+    where = call.user_site or call.site
+    at = f" at {path(where['file'])}:{where['line']}" if where else ""
+    step = f" (step {call.step})" if call.step >= 0 else ""
+    shape = call.fingerprint[len(call.op):] if call.fingerprint.startswith(call.op) else ""
+    return f"{fmt_ranks(ranks)} issued {call.op}{shape}{at}{step}"
+
+
+def silent_desync_summary(group: str, seq: int, deviant: list[int], d_call: Call | None, others: list[int],
+                          o_call: Call | None, pattern: str, known: bool,
+                          path: Callable[[str], str] = str) -> str:
+    """A silent desync: calls at one sequence number differ, and completed paired with each other."""
+    parts = [
+        f"group {group} seq {seq}: {_side(deviant, d_call, path)}, while {_side(others, o_call, path)}",
+        f"{_SILENT_PATTERNS[pattern]}; the calls completed paired with each other, so their results are mixed, "
+        "and nothing hangs yet",
+        f"{fmt_ranks(deviant)} {verb(deviant, 'deviates', 'deviate')}" if known else
+        "the two sides are the same size and no rank test was found, so which side deviates is not known",
+    ]
+    return sentence(*parts)
 
 
 def trim(text: str, limit: int = 300) -> str:

@@ -208,6 +208,27 @@ def main() -> None:
                 time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))
         dist.barrier()
 
+    elif SCENARIO in ("extra_call", "extra_call_helper"):
+        # Partway through, rank 1 issues one all_reduce the others do not (a metric it alone logs). It
+        # pairs with the others' next all_reduce of the same shape: nothing hangs, results are mixed from
+        # then on. At the end rank 1 is one call ahead and waits alone.
+        def log_metric(x):
+            dist.all_reduce(x)  # site:helper_all_reduce
+
+        for step in range(1, 25):
+            dist.all_reduce(t)  # site:loop_all_reduce
+            sync_device()
+            if rank == 1 and step == 6:
+                mark_onset()
+                if SCENARIO == "extra_call":
+                    dist.all_reduce(t)  # site:extra_all_reduce
+                else:
+                    log_metric(t)  # site:extra_helper_call
+                sync_device()
+            dtwatch.step()
+            time.sleep(0.2)
+        dist.barrier()
+
     elif SCENARIO == "crash_once":
         # First attempt: rank 1 crashes at step HANG_STEP. torchrun --max-restarts restarts the job, which
         # then finishes.
