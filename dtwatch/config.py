@@ -66,6 +66,9 @@ class Config:
     """Records kept per rank (a ring); 128 bytes each."""
     sample_interval: float = 0.1
     """Seconds between heartbeats / C++ sequence samples of the in-process sampler thread."""
+    seq_clock_interval: float = 0.01
+    """Seconds between the sampler's reads of each group's sequence counter, which time collectives
+    issued from C++ (DDP) for the straggler warning; 0: only every ``sample_interval``."""
     watchdog: str = "auto"
     """``auto``: the first rank of a node starts the node's watchdog if none runs; ``off``: never."""
     torch_env: bool = True
@@ -146,6 +149,10 @@ OPTIONS: dict[str, Option] = {
     "sample_interval": Option(
         "DTWATCH_SAMPLE_INTERVAL", float, lambda v: _is_num(v) and 0.01 <= v <= 10,
         "seconds from 0.01 to 10",
+    ),
+    "seq_clock_interval": Option(
+        "DTWATCH_SEQ_CLOCK_INTERVAL", float, lambda v: _is_num(v) and (v == 0 or 0.002 <= v <= 1),
+        "0 (off) or seconds from 0.002 to 1",
     ),
     "watchdog": Option("DTWATCH_WATCHDOG", str.lower, lambda v: v in ("auto", "off"), "'auto' or 'off'"),
     "torch_env": Option("DTWATCH_TORCH_ENV", _parse_bool, lambda v: isinstance(v, bool), "1/0, true/false"),

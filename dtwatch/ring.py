@@ -28,6 +28,11 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
 * **Loaders** (``LOADER_SIZE`` = 64 each): DataLoaders this rank iterated: site id of the loop,
   ``len()`` (-1 when unknown), epochs started, time and step of the latest epoch start.
 * **Member pool**: int32 global ranks of the groups' members.
+* **Sequence clock** (after the records; its offset is in the header's last layout field, 0 in rings
+  written before it existed): a u64 count of entries written, then ``SEQ_CLOCK_ENTRIES`` entries of
+  ``SEQ_CLOCK`` (time, sequence number, group slot), a ring. The sampler adds one whenever it sees a
+  group's sequence counter advance, every few milliseconds. That is when collectives issued from C++
+  (DDP's reducer) were issued, which the straggler rule compares across ranks.
 * **Records** (``RECORD_SIZE`` = 128 each, ``capacity`` of them, a ring): one per collective call
   (and a marker per step). A record is valid when its leading and trailing stamps are equal and
   non-zero; the stamp is the record's 1-based position in the rank's history, so the newest record is
@@ -154,6 +159,12 @@ RECORD_EXIT = struct.Struct("<dIB")  # t_exit, seq_span, status
 RECORD_EXIT_OFFSET = 24
 assert all(s.size == RECORD_SIZE for s in RECORD_ENTRY_BY_NDIM)
 
+SEQ_CLOCK = struct.Struct("<dQH6x")  # time, seq, group slot
+SEQ_CLOCK_DTYPE = np.dtype([("t", "<f8"), ("seq", "<u8"), ("group", "<u2"), ("_pad", "V6")])
+SEQ_CLOCK_ENTRIES = 4096
+SEQ_CLOCK_BYTES = 8 + SEQ_CLOCK_ENTRIES * SEQ_CLOCK.size
+assert SEQ_CLOCK_DTYPE.itemsize == SEQ_CLOCK.size
+
 RECORD_DTYPE = np.dtype(
     [
         ("stamp", "<u8"), ("seq", "<u8"), ("t_enter", "<f8"), ("t_exit", "<f8"),
@@ -261,7 +272,9 @@ class RingWriter:
         self.loaders_off = self.sites_off + sites * SITE_SIZE
         self.members_off = self.loaders_off + loaders * LOADER_SIZE
         self.records_off = self.members_off + _round_up(members * 4, 4096)
-        self.size = self.records_off + capacity * RECORD_SIZE
+        self.seq_clock_off = self.records_off + capacity * RECORD_SIZE
+        self.size = self.seq_clock_off + SEQ_CLOCK_BYTES
+        self.seq_clock_count = 0  # written by the sampler thread only
         self._lock = threading.Lock()  # cold-path table appends (main thread and sampler thread)
         self.n_groups = self.n_sites = self.n_loaders = self.members_used = 0
 
@@ -278,7 +291,7 @@ class RingWriter:
         _STATIC.pack_into(
             self.mm, 0, MAGIC, VERSION, HEADER_SIZE, RECORD_SIZE, capacity,
             self.groups_off, groups, self.sites_off, sites, self.loaders_off, loaders,
-            self.members_off, members, self.records_off, 0,
+            self.members_off, members, self.records_off, self.seq_clock_off,
             rank, local_rank, world_size, os.getpid(), self.start_time,
             _enc(host, 64), _enc(job_id, 128), _enc(torch_version, 32), _enc(backend, 32),
             restart_count, device_index, _enc(gpu_uuid, 64),
@@ -312,6 +325,13 @@ class RingWriter:
 
     def set_group_cpp_seq(self, slot: int, seq: int, when: float) -> None:
         GROUP_CPP_SEQ.pack_into(self.mm, self.groups_off + slot * GROUP_SIZE + GROUP_CPP_OFFSET, seq, when)
+
+    def add_seq_time(self, slot: int, seq: int, when: float) -> None:
+        """The sequence clock: group ``slot`` was seen at ``seq`` at ``when`` (sampler thread only)."""
+        i = self.seq_clock_count % SEQ_CLOCK_ENTRIES
+        SEQ_CLOCK.pack_into(self.mm, self.seq_clock_off + 8 + i * SEQ_CLOCK.size, when, seq, slot)
+        self.seq_clock_count += 1
+        U64.pack_into(self.mm, self.seq_clock_off, self.seq_clock_count)
 
     def set_group_completed(self, slot: int, seq: int, when: float) -> None:
         """A tracked group's collectives up to ``seq`` have completed (seen at ``when``)."""
@@ -547,6 +567,8 @@ class RankSnapshot:
     loaders: list[LoaderInfo]
     records: np.ndarray  # RECORD_DTYPE, valid records only, oldest first
     read_time: float = field(default_factory=time.time)
+    # SEQ_CLOCK_DTYPE: when the sampler saw each group's counter advance, oldest first (empty: none kept)
+    seq_clock: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=SEQ_CLOCK_DTYPE))
 
     # -- lookups ----------------------------------------------------------------------------------
     def site(self, site_id: int) -> Site | None:
@@ -638,7 +660,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         raise RingFormatError(f"{path}: not a dtwatch ring (bad magic)")
     st = _STATIC.unpack_from(data, 0)
     (_, version, header_size, record_size, capacity, groups_off, groups_cap, sites_off, sites_cap,
-     loaders_off, loaders_cap, members_off, members_cap, records_off, _pad, rank, local_rank,
+     loaders_off, loaders_cap, members_off, members_cap, records_off, seq_clock_off, rank, local_rank,
      world_size, pid, start_time, host, job_id, torch_version, backend, restart_count,
      device_index, gpu_uuid) = st
     if version not in READABLE_VERSIONS or header_size != HEADER_SIZE or record_size != RECORD_SIZE:
@@ -692,6 +714,15 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
     else:
         valid = np.empty(0, dtype=RECORD_DTYPE)
     _normalize(valid)
+    seq_clock = np.empty(0, dtype=SEQ_CLOCK_DTYPE)
+    if seq_clock_off and len(data) >= seq_clock_off + SEQ_CLOCK_BYTES:
+        count = U64.unpack_from(data, seq_clock_off)[0]
+        table = np.frombuffer(data, dtype=SEQ_CLOCK_DTYPE, count=SEQ_CLOCK_ENTRIES, offset=seq_clock_off + 8)
+        if count <= SEQ_CLOCK_ENTRIES:
+            seq_clock = table[:count].copy()
+        else:  # a ring: oldest first from the next slot to be written
+            start = count % SEQ_CLOCK_ENTRIES
+            seq_clock = np.concatenate([table[start:], table[:start]])
     if version == 1:
         valid["user_site"] = valid["site"]
     return RankSnapshot(
@@ -705,6 +736,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         dump_ack=dump_ack, stack_signal=I32.unpack_from(data, OFF_STACK_SIGNAL)[0],
         main_stack=[x for x in (site_of(i) for i in MAIN_STACK.unpack_from(data, OFF_MAIN_STACK) if i) if x is not None],
         groups=groups, sites=sites, loaders=loaders, records=valid,  # a copy: never a view of `data`
+        seq_clock=seq_clock,
     )
 
 

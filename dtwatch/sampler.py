@@ -1,7 +1,8 @@
 """The recorder's background thread: everything that can run a little later than the collective.
 
-Every ``sample_interval`` seconds it writes a heartbeat, samples each process group's C++ sequence
-number (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
+Every ``seq_clock_interval`` seconds (10 ms) it reads each process group's C++ sequence number and
+notes when it advanced (the ring's sequence clock). Every ``sample_interval`` seconds it also writes a
+heartbeat, samples the sequence numbers (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
 the main thread is, stamps the exit of async work that has completed and, for groups whose collectives
 return before they complete (NCCL), of calls their completion source reports done (dtwatch.completion), registers process groups created
 since the last look, and answers the watchdog's Flight Recorder dump requests.
@@ -60,12 +61,21 @@ class Sampler(threading.Thread):
             self.join(timeout=2 * self.interval + 1)
 
     def run(self) -> None:
+        # Between full ticks, only the groups' sequence counters are read, every ``seq_clock_interval``
+        # (a few microseconds each): when they advance is when DDP's reducer issued its collectives.
+        clock = self.rec.config.seq_clock_interval
+        next_tick = 0.0
         while not self._stop_event.is_set():
             try:
-                self.tick()
+                now = time.time()
+                if now >= next_tick:
+                    next_tick = now + self.interval
+                    self.tick()
+                elif clock:
+                    self.sample_groups(now)
             except Exception as exc:  # noqa: BLE001 - never let the thread die silently
                 self.rec.fail("sampling", exc)
-            self._stop_event.wait(self.interval)
+            self._stop_event.wait(min(clock, self.interval) if clock else self.interval)
 
     def tick(self) -> None:
         rec, ring = self.rec, self.rec.ring
@@ -112,6 +122,7 @@ class Sampler(threading.Thread):
             if self.last_seq.get(slot) != seq:
                 self.last_seq[slot] = seq
                 ring.set_group_cpp_seq(slot, seq, now)
+                ring.add_seq_time(slot, seq, now)
 
     def scan_groups(self) -> None:
         try:

@@ -69,6 +69,9 @@ class GroupProgress:
     # Collectives return before they complete (NCCL, gloo_async) and the rank reports what completed:
     # ``completed`` then counts C++-issued collectives too.
     tracked: bool = False
+    # When the rank's sampler saw the group's counter reach each value: (seq, time), oldest first (the
+    # ring's sequence clock, the last SEQ_TIMES_KEPT changes). Times collectives issued from C++.
+    seq_times: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -234,6 +237,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         return out
 
     groups: dict[str, GroupProgress] = {}
+    clock = snap.seq_clock
     call_group = recs["group"][call_idx]
     seq_col, span_col = recs["seq"], recs["seq_span"]
     for g in groups_info:
@@ -246,7 +250,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             name=g.name, members=list(g.members) if g.members is not None else None,
             seq=max(py_seq, g.cpp_seq), completed=max(completed, g.completed_seq) if g.tracked else completed,
             py_seq=py_seq, cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
-            tracked=g.tracked,
+            tracked=g.tracked, seq_times=_seq_times(clock, g.slot),
         )
     open_idx = call_idx[call_exit == 0.0]
     alive, letter = process_state(snap.pid) if local else (None, "")
@@ -269,6 +273,16 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         step_times=[float(t) for t in t_enter[is_marker][-STEP_HISTORY:]],
         step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]],
     )
+
+
+SEQ_TIMES_KEPT = 256
+
+
+def _seq_times(clock: np.ndarray, slot: int) -> list[tuple[int, float]]:
+    if not len(clock):
+        return []
+    mine = clock[clock["group"] == slot][-SEQ_TIMES_KEPT:]
+    return list(zip(mine["seq"].tolist(), mine["t"].tolist()))
 
 
 def op_name(code: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -32,9 +33,9 @@ def backend(request) -> str:
     return request.param
 
 
-def false_warnings(job) -> list[dict]:
-    """Desync or mismatch warnings of a healthy run (there must be none)."""
-    return [e for e in job.events() if e["event"] == "warning" and e["kind"] in ("desync", "mismatch")]
+def false_warnings(job, kinds=("desync", "mismatch")) -> list[dict]:
+    """Warnings of these kinds in a run that has no such problem (there must be none)."""
+    return [e for e in job.events() if e["event"] == "warning" and e["kind"] in kinds]
 
 
 @contextmanager
@@ -223,7 +224,7 @@ def test_healthy_run_with_quiet_gaps_raises_no_stall(tmp_path, scenario, backend
         job.watchdog.wait(timeout=30)
         assert job.bundles() == []
         assert not [e for e in job.events() if e["event"] == "stall"]
-        assert not false_warnings(job), false_warnings(job)
+        assert not false_warnings(job, ("desync", "mismatch", "straggler")), job.events()
     finally:
         job.stop()
 
@@ -279,5 +280,40 @@ def test_extra_same_shape_collective_is_a_silent_desync_named_before_any_hang(tm
         assert "rank 1 deviates" in d["summary"]
         assert d["detected"] - job.onset() < 10.0
         assert d["detected"] < index["detected"] - 2.0  # long before the hang at the end
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("model, lag", [("ddp", 0.2), ("ddp", 0.03), ("ddp", 0.015), ("fsdp", 0.03)])
+def test_straggler_in_ddp_and_fsdp_is_named_within_a_minute(tmp_path, model, lag):
+    # The last rank's input pipeline is `lag` seconds slower every step (steps take ~0.25 s). DDP's
+    # all-reduces are issued from C++: their issue times come from the ranks' sequence clocks.
+    started = time.time()
+    job = launch(tmp_path, "slow_input", 3, window=WINDOW,
+                 extra_env={"MODEL": model, "STRAGGLER_LAG": str(lag), "STEPS": "40"})
+    try:
+        assert job.wait_exit(timeout=180) == [0], job.watchdog_log()
+        job.watchdog.wait(timeout=30)
+        assert job.bundles() == []
+        warnings = [e for e in job.events() if e["event"] == "warning" and e["kind"] == "straggler"]
+        assert len(warnings) == 1, job.events()
+        w = warnings[0]
+        assert w["ranks"] == [2]
+        assert w["detected"] - started < 60
+        assert lag * 0.7 <= w["details"]["straggler_lag_s"] <= lag + 0.05
+        assert not false_warnings(job), false_warnings(job)
+    finally:
+        job.stop()
+
+
+@pytest.mark.timeout(200)
+def test_ranks_taking_turns_being_slow_are_not_a_straggler(tmp_path):
+    job = launch(tmp_path, "slow_input", 3, window=WINDOW,
+                 extra_env={"TURNS": "1", "STRAGGLER_LAG": "0.1", "STEPS": "40"})
+    try:
+        assert job.wait_exit(timeout=180) == [0], job.watchdog_log()
+        job.watchdog.wait(timeout=30)
+        assert not false_warnings(job, ("straggler", "desync", "mismatch")), job.events()
     finally:
         job.stop()

@@ -229,6 +229,32 @@ def main() -> None:
             time.sleep(0.2)
         dist.barrier()
 
+    elif SCENARIO == "slow_input":
+        # Every step, the last rank's input pipeline takes STRAGGLER_LAG seconds longer (TURNS=1: the slow
+        # rank changes every step). Training is DDP (gradient all-reduces issued from C++) or FSDP2
+        # (MODEL=fsdp: all-gathers and reduce-scatters issued from Python, inside FSDP).
+        lag = float(os.environ.get("STRAGGLER_LAG", "0.2"))
+        turns = os.environ.get("TURNS") == "1"
+        if os.environ.get("MODEL") == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        else:
+            model, opt = model_and_opt()
+        for step in range(int(os.environ.get("STEPS", "60"))):
+            time.sleep(0.2)  # everyone's input pipeline
+            slow = (step % world) if turns else world - 1
+            if rank == slow:
+                time.sleep(lag)  # site:slow_input
+            train_step(model, opt, torch.randn(8, 16))
+            sync_device()
+
     elif SCENARIO == "crash_once":
         # First attempt: rank 1 crashes at step HANG_STEP. torchrun --max-restarts restarts the job, which
         # then finishes.
