@@ -66,7 +66,7 @@ def test_flight_recorder_on_reads_either_spelling():
 def test_ring_keeps_a_tracked_groups_completions(tmp_path):
     w = RingWriter(tmp_path / "rank-00000.ring", rank=0, local_rank=0, world_size=2, job_id="j", host="h",
                    backend="nccl")
-    plain = w.add_group("0", "default_pg", [0, 1], 0)
+    w.add_group("0", "default_pg", [0, 1], 0)
     tracked = w.add_group("1", "tp", [0, 1], 0, tracked=True)
     w.set_group_cpp_seq(tracked, 9, 100.0)
     w.set_group_completed(tracked, 7, 101.0)
