@@ -72,6 +72,9 @@ class GroupProgress:
     # When the rank's sampler saw the group's counter reach each value: (seq, time), oldest first (the
     # ring's sequence clock, the last SEQ_TIMES_KEPT changes). Times collectives issued from C++.
     seq_times: list[tuple[int, float]] = field(default_factory=list)
+    # ``recent`` holds every Python-issued call of the group since the process started (the ring has not
+    # wrapped and kept them all): a number it does not cover was issued from C++.
+    complete: bool = False
 
 
 @dataclass
@@ -238,6 +241,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
 
     groups: dict[str, GroupProgress] = {}
     clock = snap.seq_clock
+    unwrapped = not len(recs) or int(recs["stamp"][0]) == 1
     call_group = recs["group"][call_idx]
     seq_col, span_col = recs["seq"], recs["seq_span"]
     for g in groups_info:
@@ -250,7 +254,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             name=g.name, members=list(g.members) if g.members is not None else None,
             seq=max(py_seq, g.cpp_seq), completed=max(completed, g.completed_seq) if g.tracked else completed,
             py_seq=py_seq, cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
-            tracked=g.tracked, seq_times=_seq_times(clock, g.slot),
+            tracked=g.tracked, seq_times=_seq_times(clock, g.slot), complete=unwrapped and len(mine) <= recent,
         )
     open_idx = call_idx[call_exit == 0.0]
     alive, letter = process_state(snap.pid) if local else (None, "")

@@ -21,8 +21,10 @@ warning (a shape difference as ``mismatch``):
 * a Python-issued call on some ranks and a C++-issued one on the others: an extra (or skipped) Python
   collective paired with DDP's gradient all-reduce;
 * different ops, or different shapes for an op whose shapes must match;
-* the same op and shape from different lines, *at different steps*. That is a shift: one rank is a
-  call ahead or behind, and every later pairing is off by one.
+* the same op and shape from different lines, *at different steps*, once every rank has gone on to a
+  later step. That is a shift: one rank is a call ahead or behind, and every later pairing is off by
+  one. A rank whose step counter stopped is not a call ahead. torch's ``Join`` does this: a rank that
+  ran out of data shadows the others' collectives from its join hook.
 
 Not reported: point-to-point numbers (a send pairs with a recv); the same op and shape from different
 lines at the same step (``if rank == 0: broadcast(t, 0) else: broadcast(t, 0)``, torch's ``Join``
@@ -35,7 +37,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ops import P2P_NAMES, SAME_SHAPE_OPS
-from ..state import Call, RankState
+from ..state import CPP_OP, Call, RankState
 from .evidence import Evidence
 from .model import WARNING, Finding, Kind
 from .text import silent_desync_summary
@@ -51,7 +53,7 @@ def _signature(s: RankState, group: str, seq: int, by_seq: dict[int, Call]) -> t
         # No Python record at this number: C++-issued if torch's counter covers it and the ring's history
         # does (a number older than the oldest record kept is unknown, not C++).
         oldest = min(by_seq, default=None)
-        if seq <= g.cpp_seq and oldest is not None and seq > oldest:
+        if seq <= g.cpp_seq and (g.complete or (oldest is not None and seq > oldest)):
             return CPP
         return None
     if call.op in P2P_NAMES:
@@ -83,6 +85,16 @@ def _differ(a: tuple | str, b: tuple | str) -> str | None:
     if line_a != line_b and step_a != step_b and step_a >= 0 and step_b >= 0:
         return "shifted"
     return None
+
+
+def _both_sides_step_on(sigs: dict, calls: dict, seq: int) -> bool:
+    """Whether every rank issued a later call of the group at a higher step than its call at ``seq``."""
+    for rank in sigs:
+        here = calls[rank][seq].step
+        later = [c.step for q, c in calls[rank].items() if q > seq]
+        if not later or max(later) <= here:
+            return False
+    return True
 
 
 def silent_desyncs(states: list[RankState], now: float, reported: set | None = None,
@@ -117,6 +129,10 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
             pattern = _differ(common, other)
             if pattern is None:
                 continue
+            if pattern == "shifted" and not _both_sides_step_on(sigs, calls, seq):
+                # A side whose step counter stopped is not a call ahead: torch's Join shadows the others'
+                # collectives from a rank that ran out of data. Decided once both sides step again.
+                break
             finding = _finding(group, seq, sigs, calls, counts, pattern, now, evidence)
             reported.add((group, seq))
             found.append(finding)
@@ -161,8 +177,8 @@ def _finding(group: str, seq: int, sigs: dict, calls: dict, counts: Counter, pat
         kind=kind, severity=WARNING, ranks=deviant if known else sorted(sigs),
         summary=silent_desync_summary(group, seq, deviant, d_call, others, o_call, pattern, known,
                                       evidence.display_path if evidence is not None else str),
-        op=d_call.op if d_call is not None else CPP, group=group, seq=seq, site=site,
-        waiting_ranks=others, waiting_op=o_call.op if o_call is not None else CPP, waiting_group=group,
+        op=d_call.op if d_call is not None else CPP_OP, group=group, seq=seq, site=site,
+        waiting_ranks=others, waiting_op=o_call.op if o_call is not None else CPP_OP, waiting_group=group,
         waiting_seq=seq, waiting_site=other_site, onset=min(
             [c.t_enter for c in (d_call, o_call) if c is not None] or [now]), detected=now,
         details={"pattern": pattern, "silent": True, "deviant_known": known,

@@ -229,6 +229,34 @@ def main() -> None:
             time.sleep(0.2)
         dist.barrier()
 
+    elif SCENARIO == "extra_call_ddp":
+        # DDP training; at step 6 rank 1 alone all-reduces a tensor the size of DDP's gradient bucket. It
+        # pairs with the others' next gradient all-reduce (issued from C++): gradients mix silently.
+        model, opt = model_and_opt()
+        bucket = sum(p.numel() for p in model.parameters())
+        for step in range(1, 25):
+            train_step(model, opt, torch.randn(8, 16))
+            if rank == 1 and step == 6:
+                mark_onset()
+                dist.all_reduce(torch.zeros(bucket))  # site:extra_bucket_all_reduce
+            sync_device()
+            time.sleep(0.2)
+        dist.barrier()
+
+    elif SCENARIO == "join_uneven":
+        # Legitimately asymmetric: uneven inputs under torch's Join. Rank 1 runs out of batches first; its
+        # join hook shadows the others' collectives with its own until they finish too. Healthy.
+        from torch.distributed.algorithms.join import Join
+
+        model, opt = model_and_opt()
+        batches = 12 if rank != 1 else 7
+        with Join([model]):
+            for _ in range(batches):
+                train_step(model, opt, torch.randn(8, 16))
+                sync_device()
+                time.sleep(0.1)
+        dist.barrier()
+
     elif SCENARIO == "slow_input":
         # Every step, the last rank's input pipeline takes STRAGGLER_LAG seconds longer (TURNS=1: the slow
         # rank changes every step). Training is DDP (gradient all-reduces issued from C++) or FSDP2
