@@ -262,6 +262,7 @@ def test_straggler_is_a_warning_not_a_stall(tmp_path):
     ("extra_call", 3, "gloo", "extra_all_reduce"),
     ("extra_call", 2, "gloo_async", "extra_all_reduce"),  # two equal sides: the rank test decides
     ("extra_call_helper", 3, "gloo", "helper_all_reduce"),
+    ("extra_call_library", 3, "gloo", "extra_library_call"),  # the user's line that called the library
     ("extra_call_ddp", 3, "gloo", "extra_bucket_all_reduce"),  # pairs with DDP's C++-issued all-reduce
 ])
 def test_extra_same_shape_collective_is_a_silent_desync_named_before_any_hang(tmp_path, scenario, nproc, backend,

@@ -110,6 +110,9 @@ def _side(ranks: list[int], call: Call | None, path: Callable[[str], str]) -> st
         return f"{fmt_ranks(ranks)} issued a collective from C++ (DDP/FSDP)"
     where = call.user_site or call.site
     at = f" at {path(where['file'])}:{where['line']}" if where else ""
+    lib = call.site
+    if lib and where and (lib["file"], lib["line"]) != (where["file"], where["line"]):
+        at += f" (through {path(lib['file'])}:{lib['line']})"
     step = f" (step {call.step})" if call.step >= 0 else ""
     shape = call.fingerprint[len(call.op):] if call.fingerprint.startswith(call.op) else ""
     return f"{fmt_ranks(ranks)} issued {call.op}{shape}{at}{step}"

@@ -57,6 +57,20 @@ class SamplesThatHang(Dataset):
         return torch.randn(16)
 
 
+def wrapper_library():
+    """A third-party logging library (a module under a site-packages directory) that all-reduces a metric."""
+    import importlib.util
+
+    path = os.path.join(os.environ["DTWATCH_DIR"], "site-packages", "metricslib", "__init__.py")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("import torch.distributed as dist\n\n\ndef log_metric(x):\n    dist.all_reduce(x)\n")
+    spec = importlib.util.spec_from_file_location("metricslib", path)
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+    return lib
+
+
 def model_and_opt():
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
@@ -208,12 +222,15 @@ def main() -> None:
                 time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))
         dist.barrier()
 
-    elif SCENARIO in ("extra_call", "extra_call_helper"):
+    elif SCENARIO in ("extra_call", "extra_call_helper", "extra_call_library"):
         # Partway through, rank 1 issues one all_reduce the others do not (a metric it alone logs). It
         # pairs with the others' next all_reduce of the same shape: nothing hangs, results are mixed from
         # then on. At the end rank 1 is one call ahead and waits alone.
         def log_metric(x):
             dist.all_reduce(x)  # site:helper_all_reduce
+
+        if SCENARIO == "extra_call_library":
+            lib = wrapper_library()
 
         for step in range(1, 25):
             dist.all_reduce(t)  # site:loop_all_reduce
@@ -222,6 +239,8 @@ def main() -> None:
                 mark_onset()
                 if SCENARIO == "extra_call":
                     dist.all_reduce(t)  # site:extra_all_reduce
+                elif SCENARIO == "extra_call_library":
+                    lib.log_metric(t)  # site:extra_library_call
                 else:
                     log_metric(t)  # site:extra_helper_call
                 sync_device()
