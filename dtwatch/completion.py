@@ -13,8 +13,8 @@ Sources, per backend (chosen once per group by :func:`completion_source`):
 * ``nccl``: torch's Flight Recorder, active entries only (``onlyActive=True``, without stack traces),
   one dump per process at most every ``NCCL_POLL_INTERVAL`` seconds, shared by all groups. It needs
   the Flight Recorder on (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0, which dtwatch
-  sets unless told not to). Without it there is no source, and completion falls back to "the call
-  returned", as on gloo. The README's support table states this;
+  sets unless told not to). Without it, or where the dump cannot be read (a torch without
+  ``onlyActive``), completion falls back to "the call returned", as on gloo, with one warning;
 * any other backend: none (its calls complete when they return).
 
 The watermark of a group is computed from the number of collectives issued, read *before* looking at
@@ -66,6 +66,7 @@ class _NcclActiveEntries:
         self.fetched = float("-inf")
         self.sources: list["FlightRecorderActive"] = []
         self.answers: dict[int, int] = {}  # id(source) -> watermark at the last fetch
+        self.warned = False
 
     def refresh(self, now: float) -> None:
         if now - self.fetched < NCCL_POLL_INTERVAL:
@@ -79,7 +80,13 @@ class _NcclActiveEntries:
                 continue
         entries = _dump_active_entries()
         if entries is None:
-            self.answers = {}
+            # No Flight Recorder to read (an older torch, or it is off after all): fall back to "a call
+            # has completed when it returned", so nothing stays in flight for ever.
+            if not self.warned:
+                self.warned = True
+                log.warning("dtwatch: cannot read NCCL's Flight Recorder; collectives count as completed when "
+                            "they return (a hang is then placed where the rank waits, not at the collective)")
+            self.answers = dict(issued)
             return
         active: dict[str, list[int]] = {}
         for e in entries:
