@@ -40,6 +40,19 @@ def watermark(issued: int, active: Iterable[int]) -> int:
     return min(active, default=issued + 1) - 1
 
 
+def watermarks(issued: dict[str, int], entries: list[dict]) -> dict[str, int]:
+    """Per group name: the completed watermark, from the collectives issued (read before the dump) and
+    the Flight Recorder's active entries (``process_group`` = (name, desc), ``collective_seq_id``;
+    point-to-point entries are numbered apart and skipped)."""
+    active: dict[str, list[int]] = {}
+    for e in entries:
+        if e.get("is_p2p") or e.get("collective_seq_id") is None:
+            continue
+        name = str((e.get("process_group") or ["?"])[0])
+        active.setdefault(name, []).append(int(e["collective_seq_id"]))
+    return {name: watermark(n, active.get(name, ())) for name, n in issued.items()}
+
+
 class CompletionSource:
     """Answers "up to which sequence number has this group completed?" (None: no news this time)."""
 
@@ -88,14 +101,9 @@ class _NcclActiveEntries:
                             "they return (a hang is then placed where the rank waits, not at the collective)")
             self.answers = dict(issued)
             return
-        active: dict[str, list[int]] = {}
-        for e in entries:
-            if e.get("is_p2p") or e.get("collective_seq_id") is None:
-                continue
-            name = str((e.get("process_group") or ["?"])[0])
-            active.setdefault(name, []).append(int(e["collective_seq_id"]))
-        self.answers = {id(src): watermark(issued[id(src)], active.get(src.name, ()))
-                        for src in self.sources if id(src) in issued}
+        names = {id(src): src.name for src in self.sources}
+        marks = watermarks({names[k]: n for k, n in issued.items()}, entries)
+        self.answers = {k: marks[names[k]] for k in issued}
 
 
 def _dump_active_entries() -> list[dict] | None:
@@ -149,4 +157,4 @@ def forget_all() -> None:
         _NCCL.fetched = float("-inf")
 
 
-__all__ = ["CompletionSource", "completion_source", "watermark", "NCCL_POLL_INTERVAL", "forget_all"]
+__all__ = ["CompletionSource", "completion_source", "watermark", "watermarks", "NCCL_POLL_INTERVAL", "forget_all"]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dtwatch.completion import watermark
+from dtwatch.completion import watermark, watermarks
 from dtwatch.diagnose.positions import completed_by_peers, positions, waiting_call
 from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring
 from dtwatch.state import CPP_OP, Call, GroupProgress, RankState, from_snapshot
@@ -53,6 +53,19 @@ def test_watermark_is_the_last_seq_before_the_oldest_active_one():
     assert watermark(5, [4, 3]) == 2
     assert watermark(0, []) == 0
     assert watermark(7, [1]) == 0
+
+
+def test_watermarks_from_nccl_flight_recorder_active_entries():
+    # The shape of torch's entries (onlyActive=True): still-running work of two groups and a p2p op.
+    entries = [
+        {"process_group": ("0", "default_pg"), "collective_seq_id": 8, "p2p_seq_id": 0, "is_p2p": False,
+         "state": "started", "profiling_name": "nccl:all_reduce"},
+        {"process_group": ("0", "default_pg"), "collective_seq_id": 9, "p2p_seq_id": 0, "is_p2p": False,
+         "state": "scheduled", "profiling_name": "nccl:all_reduce"},
+        {"process_group": ("1", "tp"), "collective_seq_id": 0, "p2p_seq_id": 4, "is_p2p": True,
+         "state": "scheduled", "profiling_name": "nccl:send"},
+    ]
+    assert watermarks({"0": 9, "1": 5, "2": 3}, entries) == {"0": 7, "1": 5, "2": 3}
 
 
 def test_flight_recorder_on_reads_either_spelling():
