@@ -430,10 +430,12 @@ def test_dashboards_queries_helper_yields_every_target_for_a_job() -> None:
 
 # --- annotations ----------------------------------------------------------------------------------
 
-SILENT_DESYNC = {"kind": "desync|mismatch", "severity": "warning"}  # the watchdog's live desync warnings
+SILENT_DESYNC = {"kind": "desync|mismatch", "severity": "warning"}  # the alert's and the annotation's series
 
 
 def test_both_dashboards_mark_silent_desyncs_with_the_alerts_series() -> None:
+    alert = next(a for a in ALERTS if a["alert"] == "DtwatchSilentDesync")
+    assert [matchers(s) for s in selectors(alert["expr"])] == [SILENT_DESYNC]
     for uid, dashboard in DASHBOARDS.items():
         annotations = {a["name"]: a for a in query_annotations(dashboard)}
         assert "Silent desync" in annotations, f"{uid}: no silent desync annotation"
@@ -534,7 +536,7 @@ def test_promtool_rule_unit_tests_can_fail(tmp_path: Path) -> None:
 
 EXPECTED_ALERTS = {
     "DtwatchRankStalled", "DtwatchCollectiveDesync", "DtwatchStraggler", "DtwatchWatchdogDown",
-    "DtwatchWatchdogAbsent", "DtwatchNewIncident", "DtwatchRankExited",
+    "DtwatchWatchdogAbsent", "DtwatchNewIncident", "DtwatchRankExited", "DtwatchSilentDesync",
 }
 
 
@@ -549,6 +551,7 @@ def test_the_alerts_are_the_documented_ones_with_severity_and_annotations() -> N
     severities = {a["alert"]: a["labels"]["severity"] for a in ALERTS}
     assert severities["DtwatchStraggler"] == "warning"
     assert severities["DtwatchRankStalled"] == "critical"
+    assert severities["DtwatchSilentDesync"] == "critical"
 
 
 def test_alert_descriptions_name_the_labels_of_what_they_are_about() -> None:
