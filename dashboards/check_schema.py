@@ -11,6 +11,13 @@ spells it: a string enum member becomes its value (``ThresholdsMode.Absolute`` -
 which is what Grafana writes into dashboard JSON; everything else is unchanged. A panel type with no
 plugin schema in @grafana/schema is reported as unknown.
 
+Annotations on a Prometheus datasource carry that datasource's own fields (``titleFormat``,
+``tagKeys``, ... and a target with ``expr``), which @grafana/schema's ``AnnotationQuery`` has no room
+for (Grafana's runtime type lets any datasource add its own). Each such annotation is therefore checked
+as one constant typed with the shared fields from @grafana/schema plus the Prometheus fields declared
+below (:data:`PROMETHEUS_ANNOTATION_TYPE`, after Grafana 11.6's Prometheus annotation editor), and
+the dashboard literal carries it without those fields.
+
 Install the toolchain with ``.ci/tools/grafana-schema.sh``; then::
 
     python dashboards/check_schema.py dashboards/*.json   # exit 1 and one line per error if invalid
@@ -42,6 +49,28 @@ type Json<T> =
   T extends object ? { [K in keyof T]: Json<T[K]> } :
   T;
 """
+
+# The Prometheus datasource's annotation fields (Grafana 11.6: the annotation editor's title, tags, text
+# and "series value as timestamp", and a query target with the expression and a minimum step).
+PROMETHEUS_ANNOTATION_TYPE = """\
+type PrometheusAnnotationTarget = Json<DataQuery> & {
+  expr: string;
+  interval?: string;
+  legendFormat?: string;
+  editorMode?: "code" | "builder";
+  range?: boolean;
+  instant?: boolean;
+};
+type PrometheusAnnotation = Omit<Json<AnnotationQuery>, "target"> & {
+  target: PrometheusAnnotationTarget;
+  titleFormat?: string;
+  textFormat?: string;
+  tagKeys?: string;
+  useValueForTime?: boolean;
+};
+"""
+# What the dashboard literal leaves out of a Prometheus annotation (checked in its own constant).
+PROMETHEUS_ANNOTATION_FIELDS = ("target", "titleFormat", "textFormat", "tagKeys", "useValueForTime")
 
 _TSC_ERROR = re.compile(r"^(?P<file>[^()\s][^()]*)\((?P<line>\d+),(?P<col>\d+)\): error (?P<code>TS\d+): (?P<msg>.*)$")
 
@@ -123,11 +152,31 @@ def render_typescript(
         if has_field_config and custom is not None:
             checks.append(f"// {label} custom\nexport const {name}_custom: Json<{alias}.FieldConfig> = "
                           f"{_literal(custom)};")
-    lines = ["import type { Dashboard } from '@grafana/schema';"]
+    dashboard, annotation_checks = _split_prometheus_annotations(dashboard)
+    lines = ["import type { AnnotationQuery, Dashboard, DataQuery } from '@grafana/schema';"]
     lines += [f"import type * as {alias} from '{module}';" for alias, module in sorted(imports.items())]
-    lines += ["", JSON_TYPE, "// dashboard", f"export const dashboard: Json<Dashboard> = {_literal(dashboard)};", ""]
-    lines += checks
+    lines += ["", JSON_TYPE, PROMETHEUS_ANNOTATION_TYPE, "// dashboard",
+              f"export const dashboard: Json<Dashboard> = {_literal(dashboard)};", ""]
+    lines += annotation_checks + checks
     return "\n".join(lines) + "\n", problems
+
+
+def _split_prometheus_annotations(dashboard: dict) -> tuple[dict, list[str]]:
+    """The dashboard with its Prometheus annotations' own fields left out, and one check per such annotation."""
+    annotations = dashboard.get("annotations")
+    if not isinstance(annotations, dict) or not isinstance(annotations.get("list"), list):
+        return dashboard, []
+    checks: list[str] = []
+    shared: list[object] = []
+    for index, annotation in enumerate(annotations["list"]):
+        datasource = annotation.get("datasource") if isinstance(annotation, dict) else None
+        if not (isinstance(datasource, dict) and datasource.get("type") == "prometheus"):
+            shared.append(annotation)
+            continue
+        label = f"annotation {index} {annotation.get('name')!r}".replace("\n", " ")
+        checks.append(f"// {label}\nexport const annotation_{index}: PrometheusAnnotation = {_literal(annotation)};")
+        shared.append({k: v for k, v in annotation.items() if k not in PROMETHEUS_ANNOTATION_FIELDS})
+    return {**dashboard, "annotations": {**annotations, "list": shared}}, checks
 
 
 def _where(source_lines: list[str], line_no: int) -> str:

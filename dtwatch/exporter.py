@@ -91,6 +91,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dtwatch_rank_restarts_total", "counter", _RANK, "Times the rank's process was replaced (torchrun restarts)."),
     MetricSpec("dtwatch_dataloader_length", "gauge", _RANK + ("loader",), "len() of each DataLoader the rank iterates, as of its latest epoch."),
     MetricSpec("dtwatch_straggler_lag_seconds", "gauge", _RANK, "Median delay of this rank entering collectives behind the first rank.", "s"),
+    MetricSpec("dtwatch_rank_straggler", "gauge", _RANK, "1 while the watchdog names this rank as the straggler (re-evaluated every poll)."),
     MetricSpec("dtwatch_findings_total", "counter", _NODE + ("kind", "severity"), "Findings raised by the watchdog."),
     MetricSpec("dtwatch_incidents_total", "counter", _NODE, "Stall incidents opened."),
     MetricSpec("dtwatch_incident_open", "gauge", _NODE, "1 while a stall incident is open."),
@@ -340,6 +341,7 @@ class NodeMetrics:
                     put("dtwatch_dataloader_length", r + (str(ld["index"]),), ld["length"])
             if s.rank in v.straggler_lag:
                 put("dtwatch_straggler_lag_seconds", r, v.straggler_lag[s.rank])
+            put("dtwatch_rank_straggler", r, 1 if s.rank in v.straggler_ranks else 0)
             totals = self._ranks.get(s.rank)
             if totals is not None:
                 put("dtwatch_steps_total", r, totals.steps_before + totals.steps_now)

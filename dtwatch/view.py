@@ -42,3 +42,4 @@ class NodeView:
     restarts: dict[int, int]  # rank -> times its process was replaced
     findings: list[Finding]  # findings of the open incident, and current warnings
     health: WatchdogHealth
+    straggler_ranks: set[int] = field(default_factory=set)  # the rank the straggler rule names this poll (at most one)

@@ -30,7 +30,7 @@ import numpy as np
 from . import __version__
 from .bundle import Bundle, incident_id, summarize_flight_record
 from .diagnose import (
-    EntryLags, FileEvidence, Finding, diagnose, entry_lags, silent_desyncs, straggler_warning, uneven_loader_warnings,
+    FileEvidence, Finding, diagnose, entry_lags, silent_desyncs, straggler_warning, uneven_loader_warnings,
 )
 from .diagnose.evidence import main_thread_frames
 from .console import show
@@ -342,10 +342,11 @@ class Watchdog:
                 and now - result.check.last_progress > window / 2:
             self.request_early_dumps(local, result.check.last_progress, now)
         lags = entry_lags(states)
+        straggler = straggler_warning(lags, now)  # every poll: the exporters show who it names now
         if states and self.incident is None:
-            self.check_warnings(states, now, lags)
+            self.check_warnings(states, now, straggler)
 
-        self.export(snaps, local, states, new_records, now, window, lags)
+        self.export(snaps, local, states, new_records, now, window, lags, straggler)
         if any(not s.gone for s in local) or any(s.last_activity > self.last_seen_activity for s in local):
             self.last_seen_activity = max([now] + [s.last_activity for s in local])
         if self.opts.idle_exit and self.ever_saw_ranks and all(s.gone for s in local) and \
@@ -455,11 +456,10 @@ class Watchdog:
         return sorted(local + [s for s in self.remote if s.rank not in mine], key=lambda s: s.rank)
 
     # -- warnings -------------------------------------------------------------------------------------
-    def check_warnings(self, states: list[RankState], now: float, lags: EntryLags) -> None:
+    def check_warnings(self, states: list[RankState], now: float, straggler: Finding | None) -> None:
         found = uneven_loader_warnings(states, now)
-        strag = straggler_warning(lags, now)
-        if strag is not None:
-            found.append(strag)
+        if straggler is not None:
+            found.append(straggler)
         found += silent_desyncs(states, now, self.silent_reported, self.evidence([]))
         for f in found:
             if f.details.get("silent"):
@@ -684,7 +684,7 @@ class Watchdog:
         self.incident = None
 
     # -- exporters ------------------------------------------------------------------------------------
-    def export(self, snaps, local, states, new_records, now, window, lags) -> None:
+    def export(self, snaps, local, states, new_records, now, window, lags, straggler) -> None:
         if not self.exporters:
             return
         lag: dict[tuple[int, str], int] = {}
@@ -706,6 +706,7 @@ class Watchdog:
             incident_open=self.incident is not None, incidents_total=self.incidents_total,
             findings_total=dict(self.findings_total), restarts=dict(self.restarts),
             findings=findings + self.warnings[-20:], health=health,
+            straggler_ranks=set(straggler.ranks) if straggler is not None else set(),
         )
         self.last_view = view
         for exp in self.exporters:

@@ -116,7 +116,7 @@ def test_a_real_hang_reaches_the_webhook_naming_the_culprit_rank(tmp_path: Path)
         # no false alarm about the same hang: the ranks are alive and at the same sequence number
         active = {a["labels"]["alertname"] for a in prometheus.alerts()}
         assert not active & {"DtwatchRankExited", "DtwatchCollectiveDesync", "DtwatchStraggler",
-                             "DtwatchWatchdogDown"}, active
+                             "DtwatchWatchdogDown", "DtwatchSilentDesync"}, active
     finally:
         if job is not None:
             job.stop()

@@ -69,6 +69,14 @@ def all_targets() -> list[tuple[str, str, str, str]]:
 
 
 TARGETS = all_targets()
+
+
+def query_annotations(dashboard: dict) -> list[dict]:
+    """The dashboard's annotations that run a Prometheus query (the built-in Grafana one excluded)."""
+    return [a for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"]
+
+
+ANNOTATIONS = [(uid, a["name"], a["target"]["expr"]) for uid, d in DASHBOARDS.items() for a in query_annotations(d)]
 TARGET_IDS = [f"{uid}/{title}/{ref}" for uid, title, ref, _ in TARGETS]
 
 
@@ -121,6 +129,7 @@ def dashboard_exprs() -> list[tuple[str, str]]:
             if var["type"] == "query":
                 exprs.append((f"{uid}/${var['name']}",
                               substitute(label_values_selector(var["query"]), JOB, node=NODE, rank=RANK)))
+    exprs += [(f"{uid}/annotation {name}", substitute(expr, JOB, node=NODE, rank=RANK)) for uid, name, expr in ANNOTATIONS]
     return exprs
 
 
@@ -263,6 +272,11 @@ def _broken(dashboard: dict, how: str) -> dict:
         del broken["schemaVersion"]
     elif how == "unknown-dashboard-field":
         broken["titel"] = broken.pop("title")
+    elif how == "misspelt-annotation-field":
+        annotation = query_annotations(broken)[0]
+        annotation["titelFormat"] = annotation.pop("titleFormat")
+    elif how == "annotation-without-expr":
+        del query_annotations(broken)[0]["target"]["expr"]
     return broken
 
 
@@ -274,6 +288,8 @@ BROKEN = {
     "unknown-panel-type": "timeserie",
     "missing-schema-version": "schemaVersion",
     "unknown-dashboard-field": "titel",
+    "misspelt-annotation-field": "titelFormat",
+    "annotation-without-expr": "'expr' is missing",
 }
 
 
@@ -412,6 +428,68 @@ def test_dashboards_queries_helper_yields_every_target_for_a_job() -> None:
     assert any("[30s]" in q.expr for q in queries)
 
 
+# --- annotations ----------------------------------------------------------------------------------
+
+SILENT_DESYNC = {"kind": "desync|mismatch", "severity": "warning"}  # the alert's and the annotation's series
+
+
+def test_both_dashboards_mark_silent_desyncs_with_the_alerts_series() -> None:
+    alert = next(a for a in ALERTS if a["alert"] == "DtwatchSilentDesync")
+    assert [matchers(s) for s in selectors(alert["expr"])] == [SILENT_DESYNC]
+    for uid, dashboard in DASHBOARDS.items():
+        annotations = {a["name"]: a for a in query_annotations(dashboard)}
+        assert "Silent desync" in annotations, f"{uid}: no silent desync annotation"
+        annotation = annotations["Silent desync"]
+        assert annotation["enable"] is True and annotation["hide"] is False, uid
+        assert annotation["datasource"] == DATASOURCE and annotation["target"]["datasource"] == DATASOURCE, uid
+        assert set(annotation["tagKeys"].split(",")) == {"kind", "node"}, uid
+        for selector in selectors(substitute(annotation["target"]["expr"], JOB)):
+            assert metric_name(selector) == "dtwatch_findings_total"
+            assert matchers(selector) == {"job_id": JOB, **SILENT_DESYNC}, f"{uid}: {selector}"
+
+
+def test_every_query_annotation_is_scoped_to_the_job_and_uses_the_rate_interval() -> None:
+    assert ANNOTATIONS
+    for uid, name, expr in ANNOTATIONS:
+        for selector in selectors(substitute(expr, JOB)):
+            assert matchers(selector).get("job_id") == JOB, f"{uid}/{name}: {selector} is not scoped by $job_id"
+        windows = [w or o for w, o in re.findall(r"\[([^\]]*)\]|offset\s+([$\w]+)", expr)]
+        assert windows, f"{uid}/{name}: no range or offset"
+        for window in windows:
+            assert window == "$__rate_interval", f"{uid}/{name}: window {window!r} is not $__rate_interval"
+
+
+def test_silent_desync_annotation_marks_the_first_and_every_later_desync(tmp_path: Path) -> None:
+    """The annotation's query, run by promtool's PromQL engine: it marks the minutes in which a watchdog's
+    count of silent desyncs appeared (already at 1) or grew, and nothing else."""
+    promtool = require_tool("promtool", "prometheus.sh")
+    exprs = {expr for uid, name, expr in ANNOTATIONS if name == "Silent desync"}
+    assert len(exprs) == 1, "the dashboards' silent desync annotations differ"
+    expr = substitute(exprs.pop(), "j8", rate_interval="1m")
+    series = 'dtwatch_findings_total{{job="dtwatch",instance="n:9464",job_id="{job}",node="n",kind="{kind}",severity="{severity}"}}'
+    # node n: first desync at 3m (the series appears at 1), a second at 6m; a stall's desync finding and
+    # another job's silent desync are not marked.
+    inputs = [
+        (series.format(job="j8", kind="desync", severity="warning"), "_ _ _ 1 1 1 2x4"),
+        (series.format(job="j8", kind="desync", severity="stall"), "_ 1x9"),
+        (series.format(job="j9", kind="mismatch", severity="warning"), "_ 1x9"),
+    ]
+    marked_at = {3, 6}
+    # One marked series per minute, with the labels the annotation's title and tags use.
+    marked = f"count by (job_id, node, kind) ({expr})"
+    cases = [{"expr": marked, "eval_time": f"{m}m",
+              "exp_samples": [{"labels": '{job_id="j8",node="n",kind="desync"}', "value": 1}] if m in marked_at else []}
+             for m in range(0, 10)]
+    test_file = tmp_path / "annotation_test.yaml"
+    test_file.write_text(yaml.safe_dump({"tests": [{
+        "interval": "1m",
+        "input_series": [{"series": name, "values": values} for name, values in inputs],
+        "promql_expr_test": cases,
+    }]}))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_expected_empty_list_names_real_panels_that_say_so() -> None:
     entries = json.loads(EXPECTED_EMPTY_FILE.read_text())
     assert entries and all(set(e) == {"dashboard", "panel", "why"} for e in entries)
@@ -458,7 +536,7 @@ def test_promtool_rule_unit_tests_can_fail(tmp_path: Path) -> None:
 
 EXPECTED_ALERTS = {
     "DtwatchRankStalled", "DtwatchCollectiveDesync", "DtwatchStraggler", "DtwatchWatchdogDown",
-    "DtwatchWatchdogAbsent", "DtwatchNewIncident", "DtwatchRankExited",
+    "DtwatchWatchdogAbsent", "DtwatchNewIncident", "DtwatchRankExited", "DtwatchSilentDesync",
 }
 
 
@@ -473,6 +551,7 @@ def test_the_alerts_are_the_documented_ones_with_severity_and_annotations() -> N
     severities = {a["alert"]: a["labels"]["severity"] for a in ALERTS}
     assert severities["DtwatchStraggler"] == "warning"
     assert severities["DtwatchRankStalled"] == "critical"
+    assert severities["DtwatchSilentDesync"] == "critical"
 
 
 def test_alert_descriptions_name_the_labels_of_what_they_are_about() -> None:

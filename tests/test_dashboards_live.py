@@ -106,6 +106,8 @@ def test_every_dashboard_query_returns_data_from_a_real_run(tmp_path: Path) -> N
         assert lengths == {r: float(n) for r, n in loader.items()}, (lengths, loader)
         top = prometheus.query(f'topk(1, max by (rank) (dtwatch_straggler_lag_seconds{{job_id=~"{j}"}}))')
         assert [s["metric"]["rank"] for s in top] == ["2"], top  # the rank that enters the all_reduce late
+        named = prometheus.query(f'max by (rank) (max_over_time(dtwatch_rank_straggler{{job_id=~"{j}"}}[10m])) == 1')
+        assert [s["metric"]["rank"] for s in named] == ["2"], named  # the watchdog named it, and no other rank
         kinds = {(s["metric"]["kind"], s["metric"]["severity"])
                  for s in prometheus.query(f'sum by (kind, severity) (dtwatch_findings_total{{job_id=~"{j}"}})')}
         assert {("uneven_iterations", "warning"), ("straggler", "warning"), ("uneven_iterations", "stall")} <= kinds

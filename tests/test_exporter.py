@@ -152,7 +152,8 @@ def test_stall_findings_and_errors_are_exported(job: ExpJob) -> None:
     view = node_view(job.run_dir)
     collector.update(replace(
         view, stalled_ranks={0, 1}, culprit_ranks={1}, incident_open=True, incidents_total=1, window=12.5,
-        findings_total={("rank_conditional", "stall"): 1, ("straggler", "warning"): 3},
+        findings_total={("rank_conditional", "stall"): 1, ("straggler", "warning"): 3, ("desync", "warning"): 1},
+        straggler_ranks={1},
         seq_lag={(0, "0"): 0, (1, "0"): 2, (0, "1"): 0, (1, "1"): 0},
     ))
     got = scrape(collector)
@@ -163,7 +164,13 @@ def test_stall_findings_and_errors_are_exported(job: ExpJob) -> None:
     assert value(got, "dtwatch_incidents_total") == 1
     assert value(got, "dtwatch_stall_window_seconds") == 12.5
     assert value(got, "dtwatch_findings_total", kind="straggler", severity="warning") == 3
+    assert value(got, "dtwatch_findings_total", kind="desync", severity="warning") == 1
     assert value(got, "dtwatch_straggler_lag_seconds", rank="0") == pytest.approx(view.straggler_lag[0])
+    assert value(got, "dtwatch_rank_straggler", rank="1") == 1 and value(got, "dtwatch_rank_straggler", rank="0") == 0
+    # no straggler named: every rank reports 0 (the series exists, so a panel shows "not named")
+    collector.update(replace(view, straggler_ranks=set()))
+    got = scrape(collector)
+    assert value(got, "dtwatch_rank_straggler", rank="0") == 0 and value(got, "dtwatch_rank_straggler", rank="1") == 0
 
 
 def test_collector_uses_its_own_registry_and_refuses_a_clash() -> None:
