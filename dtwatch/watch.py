@@ -342,7 +342,8 @@ class Watchdog:
                 and now - result.check.last_progress > window / 2:
             self.request_early_dumps(local, result.check.last_progress, now)
         lags = entry_lags(states)
-        straggler = straggler_warning(lags, now)  # every poll: the exporters show who it names now
+        # Every poll, so the exporters show who it names now; not while a stall is open (nothing progresses).
+        straggler = straggler_warning(lags, now) if self.incident is None else None
         if states and self.incident is None:
             self.check_warnings(states, now, straggler)
 
