@@ -378,6 +378,9 @@ class Recorder:
         sampler = self.sampler
         if sampler is not None:
             try:
+                # The sampler thread stops first: it must not touch process groups while the interpreter
+                # and torch tear them down (a daemon thread inside torch then can abort the process).
+                sampler.stop()
                 sampler.sample_groups(time.time())  # C++-issued collectives since the last tick
                 self.poll_pending()
                 self.poll_completions(time.time())
