@@ -179,11 +179,15 @@ class _Completions(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(name="gloo-async-completions", daemon=True)
-        self.queue: "queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]]]" = queue.SimpleQueue()
+        self.queue: "queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]] | None]" = \
+            queue.SimpleQueue()
 
     def run(self) -> None:
         while True:
-            inner, on_done = self.queue.get()
+            item = self.queue.get()
+            if item is None:  # the group shut down
+                return
+            inner, on_done = item
             try:
                 inner.wait()
                 on_done(None)
@@ -237,6 +241,21 @@ class GlooAsyncGroup(ProcessGroup):
         shows of a group when asked for active entries only."""
         with self._lock:
             return self._seq, sorted(self._active.items())
+
+    def shutdown(self) -> None:
+        """``destroy_process_group`` calls this: the completion thread ends (after the work queued before
+        it), then gloo shuts down, so no thread of this group is inside gloo when the process exits."""
+        completions, self._completions = self._completions, None
+        if completions is not None:
+            completions.queue.put(None)
+            completions.join(timeout=10)
+        try:
+            self._holder.shutdown()
+        except Exception:  # noqa: BLE001 - a torch without Backend.shutdown: gloo ends with the process
+            pass
+
+    def abort(self) -> None:
+        self.shutdown()
 
     # torch reads a group's name and description from its backend; this group is its own backend.
     def _set_group_name(self, name: str) -> None:
