@@ -77,6 +77,18 @@ def model_and_opt():
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
+def fsdp_model_and_opt():
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
 def train_step(model, opt, batch):
     loss = model(batch).pow(2).mean()
     opt.zero_grad()
@@ -200,15 +212,7 @@ def main() -> None:
     elif SCENARIO == "healthy_fsdp":
         # FSDP2 (all-gathers and reduce-scatters issued from its hooks), a logged metric per step, and a
         # quiet gap on every rank longer than the stall window.
-        from torch.distributed.fsdp import fully_shard
-
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        model, opt = fsdp_model_and_opt()
         for step in range(1, 31):
             loss = model(torch.randn(8, 16)).pow(2).mean()
             loss.backward()
@@ -282,18 +286,7 @@ def main() -> None:
         # (MODEL=fsdp: all-gathers and reduce-scatters issued from Python, inside FSDP).
         lag = float(os.environ.get("STRAGGLER_LAG", "0.2"))
         turns = os.environ.get("TURNS") == "1"
-        if os.environ.get("MODEL") == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-            for layer in model:
-                if isinstance(layer, torch.nn.Linear):
-                    fully_shard(layer)
-            fully_shard(model)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        else:
-            model, opt = model_and_opt()
+        model, opt = fsdp_model_and_opt() if os.environ.get("MODEL") == "fsdp" else model_and_opt()
         for step in range(int(os.environ.get("STEPS", "60"))):
             time.sleep(0.2)  # everyone's input pipeline
             slow = (step % world) if turns else world - 1
