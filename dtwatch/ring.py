@@ -31,7 +31,8 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
 * **Sequence clock** (after the records; its offset is in the header's last layout field, 0 in rings
   written before it existed): a u64 count of entries written, then ``SEQ_CLOCK_ENTRIES`` entries of
   ``SEQ_CLOCK`` (time, sequence number, group slot), a ring. The sampler adds one whenever it sees a
-  group's sequence counter advance, every few milliseconds. That is when collectives issued from C++
+  group's sequence counter advance (the default group's read every few milliseconds, the others' at each
+  tick). That is when collectives issued from C++
   (DDP's reducer) were issued, which the straggler rule compares across ranks.
 * **Records** (``RECORD_SIZE`` = 128 each, ``capacity`` of them, a ring): one per collective call
   (and a marker per step). A record is valid when its leading and trailing stamps are equal and

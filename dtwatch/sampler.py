@@ -61,8 +61,9 @@ class Sampler(threading.Thread):
             self.join(timeout=2 * self.interval + 1)
 
     def run(self) -> None:
-        # Between full ticks, only the groups' sequence counters are read, every ``seq_clock_interval``
-        # (a few microseconds each): when they advance is when DDP's reducer issued its collectives.
+        # Between full ticks, only the default group's sequence counter is read, every
+        # ``seq_clock_interval`` (a microsecond): when it advances is when DDP's reducer issued its
+        # collectives. Other groups (a job may have hundreds) are read at the full tick.
         clock = self.rec.config.seq_clock_interval
         next_tick = 0.0
         while not self._stop_event.is_set():
@@ -72,7 +73,7 @@ class Sampler(threading.Thread):
                     next_tick = now + self.interval
                     self.tick()
                 elif clock:
-                    self.sample_groups(now)
+                    self.sample_groups(now, only=self.rec.default_pg)
             except Exception as exc:  # noqa: BLE001 - never let the thread die silently
                 self.rec.fail("sampling", exc)
             self._stop_event.wait(min(clock, self.interval) if clock else self.interval)
@@ -107,13 +108,14 @@ class Sampler(threading.Thread):
             self.dumper.start()
         ring.heartbeat(now, self.ticks)
 
-    def sample_groups(self, now: float) -> None:
-        """Write each group's C++ sequence number where it changed (also called once at the end)."""
+    def sample_groups(self, now: float, only: object = None) -> None:
+        """Write each group's C++ sequence number where it changed (also called once at the end);
+        ``only``: just that process group."""
         ring = self.rec.ring
         if ring is None:
             return
-        for slot, _pg, seqfn in list(self.rec.group_list):
-            if seqfn is None:
+        for slot, pg, seqfn in list(self.rec.group_list):
+            if seqfn is None or (only is not None and pg is not only):
                 continue
             try:
                 seq = seqfn()
