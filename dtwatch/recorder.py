@@ -229,7 +229,7 @@ class Recorder:
         forget_all()
         self.mm = None  # wrappers pass straight through until attach() runs again
 
-    def register_group(self, pg: Any) -> tuple[int, Callable[[], int] | None]:
+    def register_group(self, pg: Any) -> tuple[int, Callable[[], int] | None, TrackedGroup | None]:
         """Add ``pg`` to the ring's group table (first use or sampler discovery)."""
         with self.lock:
             known = self.groups.get(pg)
@@ -627,7 +627,6 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             # On a tracked group (NCCL) a synchronous collective returns before it completes; its record
             # stays in flight until the group's completions pass it (see dtwatch.completion).
             enqueued = tracked is not None and tracked_sync and not is_async
-            tracked_queue = tracked.enqueued if tracked is not None and not is_p2p else None
             # Call sites (see dtwatch.callsite): a direct call from user code is one dict hit giving both
             # the site and the user's site (the same line); a call from inside torch (FSDP) or a library
             # (Lightning, Accelerate) walks out to the first frame outside torch/dtwatch and to the first
@@ -665,12 +664,12 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
                 if is_async:
                     if result is None:  # not a member of the group: nothing was issued
                         rec.finish(off, stamp, STATUS_OK, span)
-                    elif tracked_queue is not None:
-                        tracked_queue.append((seq0 + span, off, stamp, span))
+                    elif tracked is not None and not is_p2p:  # completes when the group's watermark passes it
+                        tracked.enqueued.append((seq0 + span, off, stamp, span))
                     else:
                         rec.track_async(result, off, stamp, span, use_future=tracked is None)
                 elif enqueued:
-                    tracked_queue.append((seq0 + span, off, stamp, span))
+                    tracked.enqueued.append((seq0 + span, off, stamp, span))
                 else:
                     exit_pack(mm, off + RECORD_EXIT_OFFSET, now(), span, STATUS_OK)
             except Exception as exc:  # noqa: BLE001
