@@ -350,14 +350,16 @@ class GlooAsyncGroup(ProcessGroup):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts or dist.AllgatherOptions()
-        return self._issue("allgather_into_tensor_coalesced", lambda: _AllOf(
-            [self._gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]))
+        return self._coalesced("allgather_into_tensor_coalesced", self._gloo._allgather_base, outputs, inputs,
+                               opts or dist.AllgatherOptions())
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts or dist.ReduceScatterOptions()
-        return self._issue("reduce_scatter_tensor_coalesced", lambda: _AllOf(
-            [self._gloo._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]))
+        return self._coalesced("reduce_scatter_tensor_coalesced", self._gloo._reduce_scatter_base, outputs, inputs,
+                               opts or dist.ReduceScatterOptions())
+
+    def _coalesced(self, op: str, one: Callable, outputs: Any, inputs: Any, opts: Any) -> Any:
+        """The coalesced variants gloo lacks: one gloo op per pair, seen as one work."""
+        return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs)]))
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
                       opts: Any = None) -> Any:  # noqa: A002
