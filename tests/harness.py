@@ -147,6 +147,25 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def process_report(root_pid: int) -> str:
+    """What a launched process and its descendants are doing, for a test whose job outlived its deadline:
+    each one's command line and, where py-spy is installed, its Python stacks."""
+    py_spy = next((str(c) for c in (REPO / ".tools" / "bin" / "py-spy",) if c.exists()), None)
+    lines, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo += _children(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"--- pid {pid}: {cmd[:300]}")
+        if py_spy and "python" in cmd:
+            out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            lines.append((out.stdout or out.stderr)[-3000:])
+    return "\n".join(lines)
+
+
 def base_env(root: Path, job_id: str, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     for k in list(env):

@@ -16,7 +16,8 @@ import pytest
 
 from tests.prom_servers import WebhookReceiver, until
 from tests.harness import (
-    SCRIPTS, WORKER, base_env, free_port, job_processes, launch, site_line, start_watchdog, stop_processes,
+    SCRIPTS, WORKER, base_env, free_port, job_processes, launch, process_report, site_line, start_watchdog,
+    stop_processes,
 )
 from tests.test_watchdog import DEADLINE, WINDOW
 
@@ -263,7 +264,12 @@ def test_watchdog_survives_torchrun_restart_and_closes_the_incident(tmp_path):
         env=env, stdout=(root / "restarts.out").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        assert torchrun.wait(timeout=120) == 0, (root / "restarts.out").read_text()[-3000:]
+        try:
+            code = torchrun.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"torchrun still runs after 120 s:\n{process_report(torchrun.pid)}\n"
+                        f"{(root / 'restarts.out').read_text()[-3000:]}\nwatchdog:\n{log.read_text()[-3000:]}")
+        assert code == 0, (root / "restarts.out").read_text()[-3000:]
         assert watchdog.wait(timeout=60) == 0, log.read_text()
         events = [json.loads(line) for line in (root / job_id / f"events-{socket.gethostname()}.jsonl").read_text().splitlines()]
         kinds = [e["event"] for e in events]
