@@ -11,7 +11,7 @@ rank's file, group table (the world group with all members, plus the rank's 8-ra
 group, named as torch names groups created by every rank: "1", "2", ...), call-site table, DataLoader
 table and live header fields; records go through ``RingWriter.write_record`` (the writer's own record
 path, which the recorder uses for step markers; the hot path packs the same layout). The call sites point into a small generated ``train.py`` so the
-analyzer's rank-conditional check (``dtwatch.lint``) and source lines see a real file.
+analyzer's rank-conditional check (``dtwatch.lint.checker``) and source lines see a real file.
 
 Per rank: ``--records`` records (default 200) in steps of: a TP all_reduce (activations), a world
 all_reduce (gradients, 1M floats), a step marker, and every 5th step a world all_reduce of the loss at
@@ -231,10 +231,10 @@ def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:
 
 def time_in_process(run_dir: Path, profile: int) -> dict:
     """analyze([dir]) end to end, plus a breakdown of its parts (timed separately, after it)."""
-    from dtwatch import analyze as an
+    from dtwatch.report import analyze as an
     from dtwatch.diagnose import diagnose
     from dtwatch.ring import read_ring
-    from dtwatch.state import from_snapshot
+    from dtwatch.diagnose.state import from_snapshot
 
     t0 = time.perf_counter()
     result = an.analyze([str(run_dir)])
@@ -281,7 +281,7 @@ def time_cli(run_dir: Path) -> dict:
     except json.JSONDecodeError:
         doc = {"findings": []}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import dtwatch.cli, dtwatch.analyze"], capture_output=True, cwd=str(REPO))
+    subprocess.run([sys.executable, "-c", "import dtwatch.cli, dtwatch.report.analyze"], capture_output=True, cwd=str(REPO))
     startup = time.perf_counter() - t0
     return {"cli_s": round(elapsed, 3), "cli_exit": proc.returncode, "cli_startup_s": round(startup, 3),
             "cli_findings": doc.get("findings", []), "cli_stderr": proc.stderr[-2000:]}

@@ -47,7 +47,7 @@ def main() -> int:
 
     from dtwatch.diagnose import entry_lags, silent_desyncs, straggler_warning
     from dtwatch.ring import SEQ_CLOCK_ENTRIES, RingWriter, read_ring
-    from dtwatch.state import from_snapshot
+    from dtwatch.diagnose.state import from_snapshot
 
     scale = _synthesiser()
     run_dir = Path(tempfile.mkdtemp(prefix="dtwatch-continuous-"))

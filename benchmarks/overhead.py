@@ -109,7 +109,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     import torch.distributed as dist
 
     import dtwatch
-    from dtwatch import recorder
+    from dtwatch.record import recorder
     from dtwatch.ops import bind
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated in new torch

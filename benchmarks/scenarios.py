@@ -40,8 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dtwatch.capture import capture, write_fixture  # noqa: E402
-from dtwatch.proctree import descendants  # noqa: E402
+from dtwatch.report.capture import capture, write_fixture  # noqa: E402
+from dtwatch.watchdog.proctree import descendants  # noqa: E402
 from tests.scenarios.catalog import HERE as SCENARIO_DIR, SCENARIOS, Scenario  # noqa: E402
 from tests.scenarios.judge import judge, stall_findings  # noqa: E402
 

@@ -11,35 +11,35 @@ Zero-edit: ``dtwatch run -- torchrun --nproc-per-node 4 train.py``.
 """
 from __future__ import annotations
 
-from .config import Config, ConfigError
-from .ring import RankSnapshot, Record, RingFormatError, Site, find_rings, read_ring, read_rings
+from dtwatch.config import Config, ConfigError
+from dtwatch.ring import RankSnapshot, Record, RingFormatError, Site, find_rings, read_ring, read_rings
 
 __version__ = "0.1.0"
 
 
 def install(**options):  # noqa: ANN001, ANN201 - documented in recorder.install
     """Start recording this process's collectives. Idempotent. See :class:`dtwatch.Config` for options."""
-    from .recorder import install as _install
+    from dtwatch.record.recorder import install as _install
 
     return _install(**options)
 
 
 def uninstall():  # noqa: ANN201
     """Stop recording and restore every function dtwatch replaced."""
-    from .recorder import uninstall as _uninstall
+    from dtwatch.record.recorder import uninstall as _uninstall
 
     return _uninstall()
 
 
 def is_installed() -> bool:
-    from .recorder import active
+    from dtwatch.record.recorder import active
 
     return active() is not None
 
 
 def step() -> None:
     """Mark the end of a training step (explicit use turns off counting optimizer steps)."""
-    from .recorder import step as _step
+    from dtwatch.record.recorder import step as _step
 
     _step()
 

@@ -8,7 +8,7 @@ import warnings as _warnings
 
 if _os.environ.get("DTWATCH_ENABLED", "1").strip().lower() not in ("0", "false", "no", "off"):
     try:
-        from . import install as _install
+        from dtwatch import install as _install
 
         _install()
     except Exception as _exc:  # noqa: BLE001 - an import in a training script must not fail

@@ -114,8 +114,8 @@ def _add_watch_options(p: argparse.ArgumentParser, *, for_run: bool) -> None:
 
 
 def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
-    from .config import default_job_id
-    from .watch import WatchOptions
+    from dtwatch.config import default_job_id
+    from dtwatch.watchdog.watch import WatchOptions
 
     stall_window = args.stall_window if args.stall_window is not None else _env_float("DTWATCH_STALL_WINDOW", None, 0.5, 86400)
     port = args.metrics_port
@@ -163,14 +163,14 @@ def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from .watch import Watchdog
+    from dtwatch.watchdog.watch import Watchdog
 
     opts = _watch_options(args, for_run=False)
     return Watchdog(opts).run()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run
+    from dtwatch.watchdog.runner import run
 
     command = args.command
     if command and command[0] == "--":
@@ -202,9 +202,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .analyze import analyze
-    from .report import render_text
-    from .timeline import render_html, render_svg
+    from dtwatch.report.analyze import analyze
+    from dtwatch.report.text import render_text
+    from dtwatch.report.timeline import render_html, render_svg
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     if missing:
@@ -232,7 +232,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from .capture import main_capture
+    from dtwatch.report.capture import main_capture
 
     return main_capture(args.src, args.output, name=args.name, relative_to=args.relative_to, recent=args.recent,
                         fr_entries=args.fr_entries, window=args.window, truth_file=args.truth)
@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capture)
 
     try:
-        from .lint_cli import add_lint_parser
+        from dtwatch.lint.cli import add_lint_parser
 
         add_lint_parser(sub)
     except ImportError:

@@ -9,7 +9,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-from .ring import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, OP_CODES
+from dtwatch.ring import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, OP_CODES
 
 # How an op's payload is described in its record.
 TENSOR, TENSOR_LIST, OBJECT, NOTHING, P2P_OPS = range(5)

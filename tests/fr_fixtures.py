@@ -79,7 +79,7 @@ def run_worker(python: str, workdir: Path, nproc: int = 2, timeout: float = 180)
 
 def capture(python: str, rank: int = 0) -> dict:
     from dtwatch.ring import read_ring
-    from dtwatch.state import from_snapshot
+    from dtwatch.diagnose.state import from_snapshot
 
     with tempfile.TemporaryDirectory(prefix="dtwatch-fr-") as tmp:
         run_dir, out = run_worker(python, Path(tmp))

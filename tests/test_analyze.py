@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from dtwatch.analyze import analyze
+from dtwatch.report.analyze import analyze
 from dtwatch.ring import FLAG_MARKER, RingWriter, ring_filename
 from tests.harness import assert_rank_conditional_finding, WORKER, launch, site_line
 

@@ -90,7 +90,7 @@ def test_ring_that_cannot_be_created_is_one_warning_and_training_goes_on(dtwatch
     import torch.distributed as dist
 
     import dtwatch
-    from dtwatch import recorder
+    from dtwatch.record import recorder
     from tests.conftest import init_world1
 
     blocker = tmp_path / "not-a-directory"

@@ -10,7 +10,7 @@ import sys
 import pytest
 from pathlib import Path
 
-from dtwatch.capture import Sanitiser, capture, dumps_fixture, fixture_from_dict, load_fixture, write_fixture
+from dtwatch.report.capture import Sanitiser, capture, dumps_fixture, fixture_from_dict, load_fixture, write_fixture
 from tests.harness import REPO, WORKER, launch, site_line
 
 WORKER_REL = str(WORKER.relative_to(REPO))

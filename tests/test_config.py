@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
-from dtwatch import recorder
+from dtwatch.record import recorder
 from dtwatch.config import Config
-from dtwatch.torchenv import apply_torch_env
+from dtwatch.record.torchenv import apply_torch_env
 
 from tests.conftest import init_world1
 

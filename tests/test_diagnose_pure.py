@@ -6,8 +6,8 @@ import time
 
 from dtwatch.diagnose.source import innermost_loop, loops
 from dtwatch.diagnose.text import fmt_ranks, trim, verb
-from dtwatch.lint import rank_branches
-from dtwatch.stacks import ending_files, main_thread_frames_of, process_ending
+from dtwatch.lint.checker import rank_branches
+from dtwatch.watchdog.stacks import ending_files, main_thread_frames_of, process_ending
 
 REASON = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
           "[127.0.0.1]:29500. This is typically caused by a peer process exiting, for example because it "

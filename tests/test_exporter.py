@@ -1,4 +1,4 @@
-"""The Prometheus exporter (dtwatch.exporter) and the NVML sampler (dtwatch.gpu), against real rings.
+"""The Prometheus exporter (dtwatch.export.prometheus) and the NVML sampler (dtwatch.export.nvml), against real rings.
 
 The NodeViews come from the rings of a real 2-rank gloo job (tests/scripts/exp_worker.py), or from
 synthetic rings written in the real format for load; scrapes go over HTTP to a real MetricsServer,
@@ -26,8 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dtwatch
-from dtwatch.exporter import DURATION_BUCKETS, METRICS, MetricsBindError, MetricsServer, PrometheusExporter
-from dtwatch.gpu import GpuSampler, index_for, normalize_uuid, physical_index
+from dtwatch.export.prometheus import DURATION_BUCKETS, METRICS, MetricsBindError, MetricsServer, PrometheusExporter
+from dtwatch.export.nvml import GpuSampler, index_for, normalize_uuid, physical_index
 from dtwatch.ring import FLAG_MARKER, OP_CODES
 from tests.exporter_helpers import REPO, ExpJob, node_view, read_states, shared_exp_job, synthetic_view
 from tests.tools import require_tool

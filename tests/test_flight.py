@@ -1,4 +1,4 @@
-"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.flight, and the diagnosis naming C++-issued calls).
+"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.diagnose.flight, and the diagnosis naming C++-issued calls).
 
 Unit tests replay fixtures captured from real 2-rank gloo runs of tests/scripts/rec_fr.py (one per torch
 version, see tests/fr_fixtures.py); the last test runs that worker for real and names the C++-issued
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.bundle import summarize_flight_record
+from dtwatch.report.bundle import summarize_flight_record
 from dtwatch.diagnose import RecordedEvidence
 from dtwatch.diagnose.context import Context
-from dtwatch.flight import OP_ID, SEQ, SeqMapping, calibrate, default_mapping, entry_for, op_family, summarize_entry
-from dtwatch.state import CPP_OP, Call, from_snapshot
+from dtwatch.diagnose.flight import OP_ID, SEQ, SeqMapping, calibrate, default_mapping, entry_for, op_family, summarize_entry
+from dtwatch.diagnose.state import CPP_OP, Call, from_snapshot
 
 from tests.conftest import SCRIPTS
 from tests.harness import site_line

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import dtwatch.lint
-from dtwatch.lint import LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
-from dtwatch.lint_cli import add_lint_parser
+import dtwatch.lint.checker
+from dtwatch.lint.checker import LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
+from dtwatch.lint.cli import add_lint_parser
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "lint_fixtures"
@@ -44,7 +44,7 @@ def line_of(path: Path, fragment: str) -> int:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dtwatch.lint_cli", *args],
+        [sys.executable, "-m", "dtwatch.lint.cli", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 
@@ -245,7 +245,7 @@ def test_long_generated_expressions_do_not_hit_the_recursion_limit() -> None:
 
 
 def test_module_docstring_example_runs() -> None:
-    result = doctest.testmod(dtwatch.lint)
+    result = doctest.testmod(dtwatch.lint.checker)
     assert result.attempted >= 1 and result.failed == 0
 
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry export (dtwatch.otel) into real OTLP receivers (gRPC and HTTP), from real rings.
+"""OpenTelemetry export (dtwatch.export.otel) into real OTLP receivers (gRPC and HTTP), from real rings.
 
 The receivers (tests/otlp_receivers.py) are the collector's own services built from
 opentelemetry-proto; nothing about the SDK or the wire is mocked.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.exporter import DURATION_BUCKETS
-from dtwatch.otel import OtelConfigError, OtelExporter, SpanSampling, otlp_configured, resolve_config, step_trace_id
+from dtwatch.export.prometheus import DURATION_BUCKETS
+from dtwatch.export.otel import OtelConfigError, OtelExporter, SpanSampling, otlp_configured, resolve_config, step_trace_id
 from dtwatch.ring import FLAG_MARKER, ring_filename
 from tests.exporter_helpers import (
     WORKER, ExpJob, free_port, node_view, read_states, shared_exp_job, synthetic_view, write_synthetic_ring,

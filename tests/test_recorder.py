@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import dtwatch
-from dtwatch import recorder
+from dtwatch.record import recorder
 from dtwatch.ops import OP_KINDS
 from dtwatch.ring import FLAG_ASYNC, FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, STATUS_ERROR, STATUS_OK
 
@@ -555,7 +555,7 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
         assert all(s.file == "<string>" or os.path.isabs(s.file) and "<" not in s.file for s in snap.sites)
 
         # The summary the watchdog reasons about carries both sites, and survives a JSON round trip.
-        from dtwatch.state import RankState, from_snapshot
+        from dtwatch.diagnose.state import RankState, from_snapshot
 
         state = from_snapshot(snap, local=False)
         calls = state.groups["0"].recent

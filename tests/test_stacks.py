@@ -46,7 +46,7 @@ def test_pyspy_permission_failure_becomes_advice(tmp_path):
         time.sleep(0.5)
         code = (
             "import json, sys\n"
-            "from dtwatch.stacks import pyspy_dump\n"
+            "from dtwatch.watchdog.stacks import pyspy_dump\n"
             f"print(json.dumps(pyspy_dump(0, {target.pid}, timeout=20).to_dict()))\n"
         )
         env = dict(os.environ, HOME=str(tmp_path))

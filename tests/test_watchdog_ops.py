@@ -336,7 +336,7 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
 
 def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, capsys):
     from dtwatch.diagnose import Finding
-    from dtwatch.runner import _conclude
+    from dtwatch.watchdog.runner import _conclude
 
     f = Finding(kind="rank_conditional", severity="stall", ranks=[0], summary="rank 0 is in barrier ...", op="barrier",
                 group="0", seq=6, site={"file": "/job/train.py", "line": 11, "function": "main", "source": "dist.barrier()"},

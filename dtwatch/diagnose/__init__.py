@@ -1,7 +1,7 @@
 """Cross-rank diagnosis: from every rank's state, decide whether the job is stalled and say why.
 
 One entry point, :func:`diagnose`, serves the live watchdog, ``dtwatch analyze`` and the recorded
-incidents of the test corpus. It is pure: its inputs are the ranks' states (:class:`~dtwatch.state.RankState`),
+incidents of the test corpus. It is pure: its inputs are the ranks' states (:class:`~dtwatch.diagnose.state.RankState`),
 a clock, the stall window and an :class:`Evidence` reader (source lines, the static rank-conditional
 check, loops, stacks, Flight Recorder entries, how processes ended); its output is typed findings.
 It does no I/O and does not change its inputs' meaning (it settles per-group completion counts).
@@ -31,15 +31,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..state import RankState
-from .decide import classify as _classify
-from .decide import exit_findings as _exit_findings
-from .evidence import Evidence, FileEvidence, RecordedEvidence
-from .model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
-from .positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
-from .text import fmt_ranks, fmt_site, trim, with_source
-from .silent import silent_desyncs
-from .warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
+from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.decide import classify as _classify
+from dtwatch.diagnose.decide import exit_findings as _exit_findings
+from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence
+from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
+from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
+from dtwatch.diagnose.text import fmt_ranks, fmt_site, trim, with_source
+from dtwatch.diagnose.silent import silent_desyncs
+from dtwatch.diagnose.warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",
@@ -95,7 +95,7 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence | None
 
 
 def diagnose_fixture(fixture: object) -> list[Finding]:
-    """Replay a captured incident (:func:`dtwatch.capture.load_fixture`) through :func:`diagnose`."""
+    """Replay a captured incident (:func:`dtwatch.report.capture.load_fixture`) through :func:`diagnose`."""
     get = (lambda k, d=None: fixture.get(k, d)) if isinstance(fixture, dict) else (lambda k, d=None: getattr(fixture, k, d))
     states = [s if isinstance(s, RankState) else RankState.from_dict(s) for s in get("states", [])]
     ev = RecordedEvidence(get("sources"), get("stacks"), get("flight_records"), get("endings"))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..state import CPP_OP, Call
-from .context import P2P, MATCHING_P2P, Context
-from .loops import uneven
-from .model import STALL, Finding, Kind, Position
-from .text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
+from dtwatch.diagnose.state import CPP_OP, Call
+from dtwatch.diagnose.context import P2P, MATCHING_P2P, Context
+from dtwatch.diagnose.loops import uneven
+from dtwatch.diagnose.model import STALL, Finding, Kind, Position
+from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
 
 
 def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
@@ -91,7 +91,7 @@ def _split_by_line(ctx: Context, calls: dict[int, Call], split: dict[int, tuple]
 def _op_shape(c: Call) -> tuple:
     """What must agree across ranks at one sequence number: the op, and the shape where both sides
     state it the same way (Python-issued fingerprints)."""
-    from ..flight import op_family
+    from dtwatch.diagnose.flight import op_family
 
     return (op_family(c.op), c.fingerprint if not c.fingerprint.startswith(CPP_PREFIX) else "")
 

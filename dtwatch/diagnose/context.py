@@ -7,13 +7,13 @@ import os
 import re
 from typing import Iterable
 
-from ..callsite import is_user_file
-from ..flight import SEQ, SeqMapping, calibrate, entry_for
-from ..state import CPP_OP, Call, RankState
-from .evidence import Evidence
-from .model import Finding, Position
-from .text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_source
-from .warn import loader_evidence
+from dtwatch.record.callsite import is_user_file
+from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.model import Finding, Position
+from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_source
+from dtwatch.diagnose.warn import loader_evidence
 
 P2P = ("send", "recv", "isend", "irecv")
 MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
@@ -50,7 +50,7 @@ class Context:
     # -- collectives issued from C++ ---------------------------------------------------------------
     def fr_entry(self, rank: int, group: str, seq: int) -> dict | None:
         """The rank's Flight Recorder entry for ``group``'s call number ``seq``, with the numbering
-        calibrated on the rank's own Python-issued calls (dtwatch.flight)."""
+        calibrated on the rank's own Python-issued calls (dtwatch.diagnose.flight)."""
         summary = self.ev.flight_record(rank)
         entries = (summary or {}).get("entries") or []
         if not entries:

@@ -10,15 +10,15 @@ ended (:mod:`.ended`), wedged or idle ranks (:mod:`.idle`), ranks that all issue
 """
 from __future__ import annotations
 
-from ..state import RankState
-from .compare import blocked_findings, first_divergence
-from .context import Context, with_cpp_entries
-from .ended import exit_findings, gone_findings
-from .evidence import Evidence
-from .idle import stuck_outside, unresponsive
-from .model import Finding
-from .positions import StallCheck
-from .sync_points import with_sync_points
+from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.compare import blocked_findings, first_divergence
+from dtwatch.diagnose.context import Context, with_cpp_entries
+from dtwatch.diagnose.ended import exit_findings, gone_findings
+from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.idle import stuck_outside, unresponsive
+from dtwatch.diagnose.model import Finding
+from dtwatch.diagnose.positions import StallCheck
+from dtwatch.diagnose.sync_points import with_sync_points
 
 __all__ = ["classify", "exit_findings"]
 

@@ -1,7 +1,7 @@
 """What the diagnosis may look at besides the ranks' states, behind one small interface.
 
 The diagnosis itself does no I/O: it asks an :class:`Evidence` for source lines, rank-conditional
-branches (the static check of :mod:`dtwatch.lint`), loop structure, stacks, Flight Recorder entries
+branches (the static check of :mod:`dtwatch.lint.checker`), loop structure, stacks, Flight Recorder entries
 and how a process ended. :class:`FileEvidence` answers from this machine (the live watchdog,
 ``dtwatch analyze``); :class:`RecordedEvidence` from a captured incident (tests, bug reports).
 """
@@ -12,7 +12,7 @@ import linecache
 import os
 from typing import Callable
 
-from .source import Loop, loops
+from dtwatch.diagnose.source import Loop, loops
 
 
 class Evidence:
@@ -46,7 +46,7 @@ class Evidence:
         return None
 
     def flight_record(self, rank: int) -> dict | None:
-        """The rank's Flight Recorder summary (see dtwatch.bundle.summarize_flight_record)."""
+        """The rank's Flight Recorder summary (see dtwatch.report.bundle.summarize_flight_record)."""
         return None
 
     def ending(self, rank: int) -> dict | None:
@@ -84,7 +84,7 @@ class FileEvidence(Evidence):
         return linecache.getline(path, line).strip()
 
     def rank_branch(self, path: str, line: int) -> tuple[int, str] | None:
-        from ..lint import rank_branch
+        from dtwatch.lint.checker import rank_branch
 
         try:
             return rank_branch(path, line)
@@ -167,7 +167,7 @@ def main_thread_frames(threads: object) -> list[dict] | None:
 
 @functools.lru_cache(maxsize=128)
 def _branches(text: str, path: str) -> dict[int, tuple[int, str]]:
-    from ..lint import rank_branches
+    from dtwatch.lint.checker import rank_branches
 
     return rank_branches(text, path)
 

@@ -1,10 +1,10 @@
 """Ranks not in any collective while others wait: wedged (not running Python) or stuck elsewhere."""
 from __future__ import annotations
 
-from .context import Context, is_library_path
-from .loops import uneven
-from .model import STALL, Finding, Kind, Position
-from .text import describe, fmt_site, sentence
+from dtwatch.diagnose.context import Context, is_library_path
+from dtwatch.diagnose.loops import uneven
+from dtwatch.diagnose.model import STALL, Finding, Kind, Position
+from dtwatch.diagnose.text import describe, fmt_site, sentence
 
 
 def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:

@@ -7,9 +7,9 @@ are the root-cause lines.
 """
 from __future__ import annotations
 
-from .context import Context, is_library_path
-from .model import STALL, Finding, Kind, Position
-from .text import describe, fmt_ranks, sentence, verb
+from dtwatch.diagnose.context import Context, is_library_path
+from dtwatch.diagnose.model import STALL, Finding, Kind, Position
+from dtwatch.diagnose.text import describe, fmt_ranks, sentence, verb
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ synchronous Python-issued call, it issued an asynchronous one (``async_op=True``
 a backend whose collectives return before they complete (NCCL), a synchronous one that has not
 completed (it waits for it later, at a synchronisation point), or it issued one from C++ (DDP's
 reducer, FSDP) that has not completed. On such backends the rank reports what completed (a *tracked*
-group, :mod:`dtwatch.completion`). Elsewhere a C++-issued collective counts as not completed when it is
+group, :mod:`dtwatch.record.completion`). Elsewhere a C++-issued collective counts as not completed when it is
 the rank's latest operation in the group and some member has not issued that sequence number. The job is stalled when some rank is blocked and nothing anywhere has progressed (no
 collective entered or left, no step, no C++ sequence number advanced) for longer than the stall
 window. A quiet period where every rank is outside collectives (eval or checkpointing on all ranks)
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops import P2P_NAMES
-from ..state import CPP_OP, Call, RankState
-from .model import Position
+from dtwatch.ops import P2P_NAMES
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.diagnose.model import Position
 
 
 def tracked_cpp_call(s: RankState) -> Call | None:

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..ops import P2P_NAMES, SAME_SHAPE_OPS
-from ..state import CPP_OP, Call, RankState
-from .evidence import Evidence
-from .model import WARNING, Finding, Kind
-from .text import silent_desync_summary
+from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.model import WARNING, Finding, Kind
+from dtwatch.diagnose.text import silent_desync_summary
 
 CPP = "cpp"
 _SKIP = "skip"

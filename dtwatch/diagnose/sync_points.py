@@ -9,9 +9,9 @@ sees a different line is not misled: ``details["waits_at"]`` and one sentence in
 """
 from __future__ import annotations
 
-from .context import Context
-from .model import STALL, Finding
-from .text import sentence, waits_elsewhere
+from dtwatch.diagnose.context import Context
+from dtwatch.diagnose.model import STALL, Finding
+from dtwatch.diagnose.text import sentence, waits_elsewhere
 
 
 def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:

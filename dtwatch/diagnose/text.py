@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from ..state import CPP_OP, Call
-from .evidence import Evidence
+from dtwatch.diagnose.state import CPP_OP, Call
+from dtwatch.diagnose.evidence import Evidence
 
 _EVIDENCE = Evidence()
 
@@ -28,7 +28,7 @@ def with_source(site: dict | None, evidence: Evidence | None = None) -> dict | N
 
 
 def _default_evidence() -> Evidence:
-    from .evidence import FileEvidence
+    from dtwatch.diagnose.evidence import FileEvidence
 
     global _EVIDENCE
     if type(_EVIDENCE) is Evidence:

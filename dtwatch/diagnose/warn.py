@@ -5,9 +5,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..state import RankState
-from .model import WARNING, Finding, Kind
-from .text import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.model import WARNING, Finding, Kind
+from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
 
 
 def loader_evidence(states: list[RankState]) -> list[dict]:

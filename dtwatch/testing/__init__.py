@@ -10,7 +10,7 @@ model on top (collectives return before they complete; see :mod:`dtwatch.testing
 """
 from __future__ import annotations
 
-from .gloo_async import BACKEND_NAME, GlooAsyncGroup, register, synchronize
+from dtwatch.testing.gloo_async import BACKEND_NAME, GlooAsyncGroup, register, synchronize
 
 register()
 

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, c10d_logger
 
-from ..callsite import is_user_file
+from dtwatch.record.callsite import is_user_file
 
 BACKEND_NAME = "gloo_async"
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
-from dtwatch import recorder
+from dtwatch.record import recorder
 
 c10d = dist.distributed_c10d
 

@@ -1,7 +1,7 @@
-"""``dtwatch lint``: the command-line face of :mod:`dtwatch.lint`.
+"""``dtwatch lint``: the command-line face of :mod:`dtwatch.lint.checker`.
 
 The main CLI registers the verb with ``add_lint_parser(subparsers)`` (which sets ``func=run_lint``);
-``python -m dtwatch.lint_cli PATH...`` runs the same check on its own.
+``python -m dtwatch.lint.cli PATH...`` runs the same check on its own.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .lint import CODES, iter_python_files, lint_file
+from dtwatch.lint.checker import CODES, iter_python_files, lint_file
 
 DEFAULT_SELECT = ("DTW000", "DTW001", "DTW002")  # DTW003 (p2p) is opt-in
 
@@ -74,9 +74,9 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dtwatch.lint_cli PATH... [--json] [--select CODES] [--ignore CODES]``."""
+    """``python -m dtwatch.lint.cli PATH... [--json] [--select CODES] [--ignore CODES]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m dtwatch.lint_cli",
+        prog="python -m dtwatch.lint.cli",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -8,7 +8,7 @@ exits when its job is over (all ranks gone and nothing new for ``idle_exit`` sec
 launcher has ended and no rank of this node is alive (``exit_with_launcher``), or when no rank has
 appeared within ``rank_wait`` seconds.
 
-What it finds is shown on the job's console (see :mod:`dtwatch.console`) once per incident and once
+What it finds is shown on the job's console (see :mod:`dtwatch.watchdog.console`) once per incident and once
 per warning, and logged in full to its own log.
 """
 from __future__ import annotations
@@ -27,20 +27,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .bundle import Bundle, incident_id, summarize_flight_record
-from .diagnose import (
+from dtwatch import __version__
+from dtwatch.report.bundle import Bundle, incident_id, summarize_flight_record
+from dtwatch.diagnose import (
     FileEvidence, Finding, diagnose, entry_lags, silent_desyncs, straggler_warning, uneven_loader_warnings,
 )
-from .diagnose.evidence import main_thread_frames
-from .console import show
-from .launcher import lock_path
-from .notice import STALL, render_fail_fast, render_notice, render_warning, verdict
-from .proctree import identity, parent_pid, running, terminate_trees, tree
-from .ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
-from .stacks import faulthandler_dump, process_ending, pyspy_dump
-from .state import RankState, from_snapshot
-from .view import NodeView, WatchdogHealth
+from dtwatch.diagnose.evidence import main_thread_frames
+from dtwatch.watchdog.console import show
+from dtwatch.record.launcher import lock_path
+from dtwatch.watchdog.notice import STALL, render_fail_fast, render_notice, render_warning, verdict
+from dtwatch.watchdog.proctree import identity, parent_pid, running, terminate_trees, tree
+from dtwatch.ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
+from dtwatch.watchdog.stacks import faulthandler_dump, process_ending, pyspy_dump
+from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.export.view import NodeView, WatchdogHealth
 
 log = logging.getLogger("dtwatch")
 
@@ -172,7 +172,7 @@ class Watchdog:
     def start_services(self) -> None:
         opts = self.opts
         try:
-            from .gpu import GpuSampler
+            from dtwatch.export.nvml import GpuSampler
 
             self.gpu = GpuSampler()
         except Exception as exc:  # noqa: BLE001 - NVML is optional
@@ -180,7 +180,7 @@ class Watchdog:
             self.gpu = None
         if opts.metrics_port is not None:
             try:
-                from .exporter import MetricsServer, PrometheusExporter
+                from dtwatch.export.prometheus import MetricsServer, PrometheusExporter
 
                 exporter = PrometheusExporter(job_id=opts.job_id, node=opts.node, gpu=self.gpu)
                 self.metrics_server = MetricsServer(
@@ -198,7 +198,7 @@ class Watchdog:
         otlp_wanted = opts.otlp_endpoint or any(
             os.environ.get(f"OTEL_EXPORTER_OTLP_{k}ENDPOINT") for k in ("", "TRACES_", "METRICS_"))
         try:
-            from .otel import OtelExporter  # only imported when an endpoint is configured
+            from dtwatch.export.otel import OtelExporter  # only imported when an endpoint is configured
 
             otel = None if not otlp_wanted else OtelExporter.from_env(endpoint=opts.otlp_endpoint or None, job_id=opts.job_id, node=opts.node, gpu=self.gpu)
             if otel is not None:
@@ -210,7 +210,7 @@ class Watchdog:
             log.warning("dtwatch: OpenTelemetry export unavailable: %s", exc)
             self.error("otel")
         if opts.webhook:
-            from .alerts import Webhook
+            from dtwatch.export.webhook import Webhook
 
             self.webhook = Webhook(opts.webhook, on_error=lambda: self.error("webhook"))
         store = opts.store or (
@@ -219,7 +219,7 @@ class Watchdog:
         )
         if store and store != "none":
             host, _, port = store.rpartition(":")
-            from .store import JobStore
+            from dtwatch.watchdog.exchange import JobStore
 
             self.store = JobStore(host, int(port), opts.job_id, opts.node)
         ready_path = os.path.join(self.run_dir, f"watchdog-{opts.node}.json")
@@ -531,7 +531,7 @@ class Watchdog:
             "job_id": self.opts.job_id, "window": self.window.value, "onset": onset,
             "detected": now, "local_ranks": sorted(snaps), "world_size": states[0].world_size, "verdict": kind,
         })
-        from .report import render_text
+        from dtwatch.report.text import render_text
 
         bundle.add_text("report.txt", render_text(findings, states, now=now, verdict=kind))
         self.incident = {"id": inc, "bundle": bundle, "findings": findings, "onset": onset,
@@ -589,12 +589,12 @@ class Watchdog:
                 if ending is not None:
                     bundle.add_json(f"endings/rank-{s.rank:05d}.json", ending)
             try:
-                from .timeline import render_svg
+                from dtwatch.report.timeline import render_svg
 
                 bundle.add_text("timeline.svg", render_svg(states, findings, now=inc["detected"]))
             except Exception as exc:  # noqa: BLE001
                 log.debug("dtwatch: timeline failed: %r", exc)
-            from .report import render_text
+            from dtwatch.report.text import render_text
 
             bundle.add_text("report.txt", render_text(findings, states, now=inc["detected"], bundle_dir=str(bundle.path),
                                                       verdict=inc.get("verdict")))

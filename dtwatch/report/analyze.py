@@ -16,10 +16,10 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
-from .ring import RingFormatError, read_ring
-from .stacks import process_ending
-from .state import RankState, from_snapshot
+from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+from dtwatch.ring import RingFormatError, read_ring
+from dtwatch.watchdog.stacks import process_ending
+from dtwatch.diagnose.state import RankState, from_snapshot
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 INTERNAL, OTHER, LIBRARY, USER = 0, 1, 2, 3
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_DTWATCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_DTWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) + os.sep for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p}
 )

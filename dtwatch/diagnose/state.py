@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .ring import DTYPES, FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, OPS, RankSnapshot, Site
+from dtwatch.ring import DTYPES, FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, OPS, RankSnapshot, Site
 
 RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
 STEP_HISTORY = 64  # recent step markers kept (timeline, step rate)

@@ -4,10 +4,10 @@ Every ``seq_clock_interval`` seconds (10 ms) it reads each process group's C++ s
 notes when it advanced (the ring's sequence clock). Every ``sample_interval`` seconds it also writes a
 heartbeat, samples the sequence numbers (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
 the main thread is, stamps the exit of async work that has completed and, for groups whose collectives
-return before they complete (NCCL), of calls their completion source reports done (dtwatch.completion), registers process groups created
+return before they complete (NCCL), of calls their completion source reports done (dtwatch.record.completion), registers process groups created
 since the last look, and answers the watchdog's Flight Recorder dump requests.
 
-Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.callsite`):
+Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.record.callsite`):
 
 * ``main_top_site``: its innermost frame, whatever the code (often torch's, when blocked in a collective);
 * ``main_site``: its innermost frame of user *or library* code: the line it waits at, even inside
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from .ring import MAIN_STACK_DEPTH
+from dtwatch.ring import MAIN_STACK_DEPTH
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from dtwatch.record.recorder import Recorder
 
 log = logging.getLogger("dtwatch")
 

@@ -6,13 +6,13 @@ names one physical GPU whatever ``CUDA_VISIBLE_DEVICES`` and device ordering say
 environment, which torchrun's ranks inherit from the same launcher; with ``CUDA_DEVICE_ORDER`` left
 at CUDA's default the index order may differ from NVML's, which is why the UUID wins)::
 
-    from dtwatch.gpu import GpuSampler
+    from dtwatch.export.nvml import GpuSampler
 
     gpu = GpuSampler()                     # no NVML / no GPU: disabled with one info log
     readings = gpu.sample(view.local)      # {rank: {"gpu": 0, "utilization": 0.93, ...}} or {}
 
-The exporters own this: pass one sampler as ``gpu=`` to both :class:`~dtwatch.exporter.NodeViewCollector`
-and :class:`~dtwatch.otel.OtelExporter`; each calls ``sample(view.local)`` on update, and the sampler
+The exporters own this: pass one sampler as ``gpu=`` to both :class:`~dtwatch.export.prometheus.NodeViewCollector`
+and :class:`~dtwatch.export.otel.OtelExporter`; each calls ``sample(view.local)`` on update, and the sampler
 reads NVML at most every ``min_interval`` seconds (answering from its cache in between).
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:
-    from .state import RankState
+    from dtwatch.diagnose.state import RankState
 
-log = logging.getLogger("dtwatch.gpu")
+log = logging.getLogger("dtwatch.export.nvml")
 
 
 def normalize_uuid(text: str) -> str:

@@ -21,10 +21,10 @@ import time
 import uuid
 from pathlib import Path
 
-from .diagnose import Finding
-from .notice import render_notice
+from dtwatch.diagnose import Finding
+from dtwatch.watchdog.notice import render_notice
 
-BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "record" / "bootstrap")
 EXIT_STALL = 3  # the job was ended by dtwatch --fail-fast after a diagnosed stall
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from .diagnose import Finding, fmt_ranks
-from .state import CPP_OP, RankState
+from dtwatch.diagnose import Finding, fmt_ranks
+from dtwatch.diagnose.state import CPP_OP, RankState
 
 CRASH, STALL = "crash", "stall"
 PREFIX = "dtwatch: "

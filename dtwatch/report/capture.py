@@ -1,11 +1,11 @@
 """``dtwatch capture SRC -o FIXTURE.json``: pack a real incident into one compact, sanitised JSON file.
 
-A fixture holds what the diagnosis reasons about (every rank's :class:`~dtwatch.state.RankState`, the
+A fixture holds what the diagnosis reasons about (every rank's :class:`~dtwatch.diagnose.state.RankState`, the
 clock, the stall window) and the evidence it may read (source lines, py-spy stacks, Flight Recorder
 summaries), so that an incident can be replayed through the diagnosis in milliseconds, attached to a bug
 report, or kept as a regression test::
 
-    from dtwatch.capture import load_fixture
+    from dtwatch.report.capture import load_fixture
     fx = load_fixture("tests/incidents/subgroup_skip.json")
     print(fx.name, fx.now - fx.onset, [s.rank for s in fx.states])
 
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .stacks import process_ending
-from .ring import RingFormatError, find_rings, read_ring
-from .state import Call, RankState, from_snapshot
+from dtwatch.watchdog.stacks import process_ending
+from dtwatch.ring import RingFormatError, find_rings, read_ring
+from dtwatch.diagnose.state import Call, RankState, from_snapshot
 
 FORMAT = 1
 DEFAULT_RECENT = 16  # recent calls kept per group (and step markers kept)
@@ -53,7 +53,7 @@ DEFAULT_FR_ENTRIES = 8  # Flight Recorder entries kept per group (the latest: wh
 LIBRARY_CONTEXT = 3  # lines kept around each referenced line of a library file
 SITE_PACKAGES, STDLIB, ABSOLUTE = "<site-packages>", "<stdlib>", "<abs>"
 
-_DTWATCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_DTWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
 _STDLIB_DIRS = tuple(sorted(
     {os.path.normpath(p) for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p},
     key=len, reverse=True,

@@ -28,7 +28,7 @@ import pickle
 import threading
 from typing import Any, Callable, Iterable
 
-from .torchenv import flight_recorder_on
+from dtwatch.record.torchenv import flight_recorder_on
 
 log = logging.getLogger("dtwatch")
 

@@ -11,7 +11,7 @@ import logging
 import zlib
 from datetime import timedelta
 
-from .state import RankState
+from dtwatch.diagnose.state import RankState
 
 log = logging.getLogger("dtwatch")
 

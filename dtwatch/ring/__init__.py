@@ -47,7 +47,7 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
   (``FLAG_MARKER``, op ``step``) carries the step number in ``step`` and the default group's sequence
   number at that moment in ``seq``. ``site`` is the innermost frame outside torch and dtwatch,
   ``user_site`` the innermost frame of the user's own code (outside the standard library and third-party
-  libraries as well, see :mod:`dtwatch.callsite`): they differ when a library (Lightning, Accelerate)
+  libraries as well, see :mod:`dtwatch.record.callsite`): they differ when a library (Lightning, Accelerate)
   issued the collective. Version 1 had no ``user_site`` (its bytes were padding); it reads as ``site``.
 """
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _dec(raw: bytes) -> str:
 class RingWriter:
     """Creates and owns one rank's ring. Only the training process writes; tables are append-only.
 
-    The hot path (``dtwatch.recorder``) packs records straight into ``self.mm`` with the
+    The hot path (``dtwatch.record.recorder``) packs records straight into ``self.mm`` with the
     ``RECORD_ENTRY_BY_NDIM`` / ``RECORD_EXIT`` structs; everything here is cold path.
     """
 

@@ -5,7 +5,7 @@ Layout (``<run dir>/incidents/<incident id>/<node>/``)::
     index.json            incident id, job, node, window, onset, detection time, findings, files
     findings.json         the findings (written first, within the stall window + a poll)
     report.txt            the human report (findings first, then per-rank state, then evidence)
-    ranks/rank-00001.json the rank's state (dtwatch.state.RankState) at detection
+    ranks/rank-00001.json the rank's state (dtwatch.diagnose.state.RankState) at detection
     rings/rank-00001.ring a copy of the rank's ring
     stacks/rank-00001.txt py-spy (Python + native) or faulthandler stacks; .json with py-spy's JSON
     fr/rank-00001.pkl     torch's Flight Recorder dump; fr/rank-00001.json a readable summary
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .diagnose import Finding
-from .flight import summarize_entry
-from .state import RankState
+from dtwatch.diagnose import Finding
+from dtwatch.diagnose.flight import summarize_entry
+from dtwatch.diagnose.state import RankState
 
 
 def incident_id(finding: Finding, states: list[RankState]) -> str:

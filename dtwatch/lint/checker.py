@@ -4,14 +4,14 @@ The classic torch.distributed deadlock is a collective inside a rank-conditional
 calls ``dist.barrier()``, the other ranks never do, and every rank waits forever. This module
 finds such calls with the standard-library ``ast`` module; nothing is imported or executed.
 
-From the command line (``python -m dtwatch.lint_cli`` works the same)::
+From the command line (``python -m dtwatch.lint.cli`` works the same)::
 
     $ dtwatch lint train.py src/
     train.py:12:9: DTW001 dist.barrier() inside rank-conditional branch 'if rank == 0' (line 11): ...
 
 From Python::
 
-    >>> from dtwatch.lint import lint_source
+    >>> from dtwatch.lint.checker import lint_source
     >>> src = "import torch.distributed as dist\\nif dist.get_rank() == 0:\\n    dist.barrier()\\n"
     >>> [(f.line, f.code, f.call, f.condition) for f in lint_source(src, "train.py")]
     [(3, 'DTW001', 'dist.barrier()', 'if dist.get_rank() == 0')]

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .callsite import INTERNAL, USER, classify_file
-from .ops import P2P_NAMES
+from dtwatch.record.callsite import INTERNAL, USER, classify_file
+from dtwatch.ops import P2P_NAMES
 
 SEQ, OP_ID = "seq", "op_id"  # summary keys of collective_seq_id and op_id
 _OFFSETS = (0, -1, 1)
@@ -97,7 +97,7 @@ def _score(call: Any, entry: dict) -> int:
 
 
 def calibrate(entries: list[dict], calls: Iterable[Any], backend: str = "") -> SeqMapping:
-    """The mapping that best explains the rank's own Python-issued ``calls`` (dtwatch.state.Call-like:
+    """The mapping that best explains the rank's own Python-issued ``calls`` (dtwatch.diagnose.state.Call-like:
     ``op``, ``group``, ``seq``, ``span``, ``fingerprint``) by these FR ``entries``; the default if none does."""
     # The backend from the caller (the ring), else from the entries' profiling names ("gloo:all_reduce").
     backend = backend or next((str(e["backend"]) for e in entries if e.get("backend")), "")

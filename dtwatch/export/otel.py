@@ -11,7 +11,7 @@ beats the environment; a malformed environment value is refused with a warning (
 used), a bad argument raises :class:`OtelConfigError`. A base endpoint gets ``/v1/traces`` and
 ``/v1/metrics`` appended for OTLP/HTTP; a per-signal endpoint is used as given::
 
-    from dtwatch.otel import OtelExporter
+    from dtwatch.export.otel import OtelExporter
 
     otel = OtelExporter.from_env(endpoint=args.otlp_endpoint, gpu=gpu)   # None: not configured
     while running:
@@ -59,15 +59,15 @@ from the latest view by observable gauges and counters and exported by a
 ``PeriodicExportingMetricReader`` every ``metric_interval`` seconds from one MeterProvider per node
 (resource: ``service.instance.id = <job>/<node>``). The three histograms are not SDK instruments:
 recording per collective costs ~20 us in the SDK, so they are the exact numpy-bucketed histograms of
-:class:`dtwatch.exporter.NodeMetrics`, added to each export as histogram points (cumulative, or delta
+:class:`dtwatch.export.prometheus.NodeMetrics`, added to each export as histogram points (cumulative, or delta
 when ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` asks for it).
 
 **Failure is quiet and bounded.** Exports run in the SDK's threads (BatchSpanProcessor with a bounded
 queue, periodic reader) with a short timeout (default 2 s). The first failure logs ONE warning on the
-``dtwatch.otel`` logger (with the SDK's reason); then exports are skipped for ``retry_after`` seconds
+``dtwatch.export.otel`` logger (with the SDK's reason); then exports are skipped for ``retry_after`` seconds
 at a time (one probe per period) and a recovery is logged at info. The SDK's own exporter loggers
 (``opentelemetry.exporter``, the batch processor's, the metric reader's) are captured while an
-exporter lives - logged again at debug on ``dtwatch.otel`` - so a dead collector does not repeat
+exporter lives - logged again at debug on ``dtwatch.export.otel`` - so a dead collector does not repeat
 itself in the watchdog's log. :meth:`OtelExporter.update` and :meth:`OtelExporter.shutdown` never
 raise; shutdown returns within its timeout.
 """
@@ -107,24 +107,24 @@ try:
     from opentelemetry.util.re import parse_env_headers
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        f"dtwatch.otel needs the OpenTelemetry SDK and OTLP exporters ({_exc}): pip install 'dtwatch[otel]'"
+        f"dtwatch.export.otel needs the OpenTelemetry SDK and OTLP exporters ({_exc}): pip install 'dtwatch[otel]'"
     ) from _exc
 
-from .exporter import METRICS, Histogram, NodeMetrics
-from .ring import DTYPE_ITEMSIZE, DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_ERROR, RankSnapshot, Record
+from dtwatch.export.prometheus import METRICS, Histogram, NodeMetrics
+from dtwatch.ring import DTYPE_ITEMSIZE, DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_ERROR, RankSnapshot, Record
 
 if TYPE_CHECKING:
-    from .gpu import GpuSampler
-    from .state import RankState
-    from .view import NodeView
+    from dtwatch.export.nvml import GpuSampler
+    from dtwatch.diagnose.state import RankState
+    from dtwatch.export.view import NodeView
 
-log = logging.getLogger("dtwatch.otel")
+log = logging.getLogger("dtwatch.export.otel")
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROTOCOL = "grpc"
 SCOPE = "dtwatch"
 SIGNAL_PATHS = {"traces": "v1/traces", "metrics": "v1/metrics"}
-# SDK loggers captured while an exporter lives (their records are re-logged at debug on dtwatch.otel).
+# SDK loggers captured while an exporter lives (their records are re-logged at debug on dtwatch.export.otel).
 SDK_LOGGERS = (
     "opentelemetry.exporter",
     "opentelemetry.sdk._shared_internal",
@@ -1093,7 +1093,7 @@ def _quietly(fn: Callable[[], Any]) -> None:
 
 
 def _dtwatch_version() -> str:
-    from . import __version__
+    from dtwatch import __version__
 
     return __version__
 

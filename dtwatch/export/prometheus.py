@@ -1,6 +1,6 @@
 """Prometheus exporter of the watchdog: the metrics of ``docs/metrics.md``, rendered from NodeViews.
 
-The watchdog hands every :class:`~dtwatch.view.NodeView` it builds to :meth:`PrometheusExporter.update`;
+The watchdog hands every :class:`~dtwatch.export.view.NodeView` it builds to :meth:`PrometheusExporter.update`;
 each scrape renders the latest one. Gauges are read from the view as it stands; counters and
 histograms are cumulative over views (``collectives_total`` and the duration histogram from the
 view's ``new_records``, step durations from consecutive step markers), so a scrape never misses
@@ -9,7 +9,7 @@ from its ring, not from the rank.
 
 Serving them::
 
-    from dtwatch.exporter import MetricsServer, PrometheusExporter
+    from dtwatch.export.prometheus import MetricsServer, PrometheusExporter
 
     exporter = PrometheusExporter(job_id=job_id, node=node)   # its own CollectorRegistry, not the global one
     server = MetricsServer(exporter.registry, addr="0.0.0.0", port=9464,
@@ -20,7 +20,7 @@ Serving them::
         exporter.update(view)                        # every poll
     server.close()
 
-:class:`NodeMetrics` (the cumulative state, with numpy) also feeds :mod:`dtwatch.otel`, which exports
+:class:`NodeMetrics` (the cumulative state, with numpy) also feeds :mod:`dtwatch.export.otel`, which exports
 the same metric set over OTLP. The metric contract (names, types, labels) is :data:`METRICS`,
 which mirrors the table in ``docs/metrics.md``; a test keeps the two equal.
 """
@@ -45,13 +45,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from .ring import FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_IN_FLIGHT
+from dtwatch.ring import FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_IN_FLIGHT
 
 if TYPE_CHECKING:
-    from .gpu import GpuSampler
-    from .view import NodeView
+    from dtwatch.export.nvml import GpuSampler
+    from dtwatch.export.view import NodeView
 
-log = logging.getLogger("dtwatch.exporter")
+log = logging.getLogger("dtwatch.export.prometheus")
 
 # Log-spaced bucket bounds (seconds) shared by the three duration histograms: 100 us to 5 minutes.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -216,7 +216,7 @@ class NodeMetrics:
     between consecutive step markers of one incarnation. Counters the watchdog already keeps
     cumulatively (restarts, findings, incidents, its errors) are passed through.
 
-    GPU series come from ``gpu.sample(view.local)`` when a :class:`~dtwatch.gpu.GpuSampler` is given
+    GPU series come from ``gpu.sample(view.local)`` when a :class:`~dtwatch.export.nvml.GpuSampler` is given
     (the sampler rate-limits NVML itself, so several exporters can share one).
     """
 
@@ -376,7 +376,7 @@ def _copy(h: Histogram) -> Histogram:
 
 
 def _version() -> str:
-    from . import __version__
+    from dtwatch import __version__
 
     return __version__
 

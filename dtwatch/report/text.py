@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import time
 
-from .diagnose import Finding, fmt_site, with_source
-from .state import RankState
+from dtwatch.diagnose import Finding, fmt_site, with_source
+from dtwatch.diagnose.state import RankState
 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,

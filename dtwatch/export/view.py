@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .diagnose import Finding
-from .ring import RankSnapshot
-from .state import RankState
+from dtwatch.diagnose import Finding
+from dtwatch.ring import RankSnapshot
+from dtwatch.diagnose.state import RankState
 
 
 @dataclass

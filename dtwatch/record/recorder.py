@@ -5,7 +5,7 @@
 one fixed-size record into this rank's ring before calling the original and stamps its exit after;
 nothing else happens on that path: no lock, no I/O, no allocation beyond a few small objects.
 Work that can wait (heartbeat, C++ sequence numbers of DDP/FSDP-issued collectives, async completion
-polling, Flight Recorder dumps) runs in :mod:`dtwatch.sampler`'s thread.
+polling, Flight Recorder dumps) runs in :mod:`dtwatch.record.sampler`'s thread.
 
 The recorder never changes arguments or results and never raises into the caller: a failure of its
 own disables recording for that call and produces one warning per process.
@@ -31,12 +31,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import ring as ringfmt
-from .callsite import SiteTable
-from .completion import CompletionSource, completion_source, forget_all
-from .config import Config, run_dir
-from .ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
-from .ring import (
+from dtwatch import ring as ringfmt
+from dtwatch.record.callsite import SiteTable
+from dtwatch.record.completion import CompletionSource, completion_source, forget_all
+from dtwatch.config import Config, run_dir
+from dtwatch.ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
+from dtwatch.ring import (
     FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, FLAG_OBJECT, FLAG_P2P, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
     RECORD_SIZE, STATUS_ERROR, STATUS_OK, RingWriter, ring_filename,
 )
@@ -189,12 +189,12 @@ class Recorder:
         self._install_stack_dump()
         if self.config.allow_ptrace:
             _allow_ptrace(self)
-        from .sampler import Sampler
+        from dtwatch.record.sampler import Sampler
 
         self.sampler = Sampler(self)
         self.sampler.start()
         if self.config.watchdog == "auto" and local_rank == 0:
-            from .launcher import start_watchdog_async
+            from dtwatch.record.launcher import start_watchdog_async
 
             start_watchdog_async(self.run_dir, self.host, self.config.watchdog_args)
 
@@ -422,7 +422,7 @@ class Recorder:
         (SIGABRT from a gloo size check, SIGSEGV) and the Python stack to one file, and a SIGTERM (the
         launcher tearing the job down) to another, from C signal handlers that run even while the main
         thread is blocked in a collective. SIGTERM is chained to the handler that was there before."""
-        from .stacks import ending_files
+        from dtwatch.watchdog.stacks import ending_files
 
         if faulthandler.is_enabled():
             return  # the user's own faulthandler already reports fatal signals; leave it alone
@@ -535,7 +535,7 @@ class _UnattachedProbe:
             setattr(c10d, self.NAME, self.original)
 
 
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["dtwatch"]))
 
 
 def _caller_level() -> int:
@@ -625,9 +625,9 @@ def _make_wrapper(rec: Recorder, original: Callable, spec: OpSpec) -> Callable:
             seq0 = seqfn() if seqfn is not None else 0
             is_async = always_async or (apos >= 0 and bool(args[apos] if apos < nargs else kwargs.get("async_op")))
             # On a tracked group (NCCL) a synchronous collective returns before it completes; its record
-            # stays in flight until the group's completions pass it (see dtwatch.completion).
+            # stays in flight until the group's completions pass it (see dtwatch.record.completion).
             enqueued = tracked is not None and tracked_sync and not is_async
-            # Call sites (see dtwatch.callsite): a direct call from user code is one dict hit giving both
+            # Call sites (see dtwatch.record.callsite): a direct call from user code is one dict hit giving both
             # the site and the user's site (the same line); a call from inside torch (FSDP) or a library
             # (Lightning, Accelerate) walks out to the first frame outside torch/dtwatch and to the first
             # user frame.
@@ -790,7 +790,7 @@ def uninstall() -> bool:
 def _apply_env(rec: Recorder) -> None:
     if not rec.config.torch_env:
         return
-    from .torchenv import apply_torch_env
+    from dtwatch.record.torchenv import apply_torch_env
 
     prefix = os.path.join(rec.run_dir, "fr", "torch-fr-rank-")
     initialised = dist.is_initialized()

@@ -1,0 +1,1 @@
+"""What leaves the watchdog: Prometheus metrics, OTLP spans and metrics, NVML readings, webhooks."""

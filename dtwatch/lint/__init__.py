@@ -1,0 +1,1 @@
+"""``dtwatch lint``: the static check for collectives that only some ranks reach."""
