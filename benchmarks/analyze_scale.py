@@ -43,11 +43,18 @@ from unittest import mock
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from dtwatch import ring as ringfmt  # noqa: E402
-from dtwatch.ring import (  # noqa: E402
-    DTYPE_CODES, FLAG_MARKER, OP_CODES, RECORD_DTYPE, STATUS_IN_FLIGHT, STATUS_OK, RingWriter, ring_filename,
+from dtwatch import ring as ringfmt
+from dtwatch.ring import (
+    DTYPE_CODES,
+    FLAG_MARKER,
+    OP_CODES,
+    RECORD_DTYPE,
+    STATUS_IN_FLIGHT,
+    STATUS_OK,
+    RingWriter,
+    ring_filename,
 )
 
 NO_GROUP = 0xFFFF
@@ -231,10 +238,10 @@ def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:
 
 def time_in_process(run_dir: Path, profile: int) -> dict:
     """analyze([dir]) end to end, plus a breakdown of its parts (timed separately, after it)."""
-    from dtwatch.report import analyze as an
     from dtwatch.diagnose import diagnose
-    from dtwatch.ring import read_ring
     from dtwatch.diagnose.state import from_snapshot
+    from dtwatch.report import analyze as an
+    from dtwatch.ring import read_ring
 
     t0 = time.perf_counter()
     result = an.analyze([str(run_dir)])

@@ -46,8 +46,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from dtwatch.diagnose import entry_lags, silent_desyncs, straggler_warning
-    from dtwatch.ring import SEQ_CLOCK_ENTRIES, RingWriter, read_ring
     from dtwatch.diagnose.state import from_snapshot
+    from dtwatch.ring import SEQ_CLOCK_ENTRIES, RingWriter, read_ring
 
     scale = _synthesiser()
     run_dir = Path(tempfile.mkdtemp(prefix="dtwatch-continuous-"))

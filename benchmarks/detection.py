@@ -52,8 +52,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dtwatch.watchdog.proctree import descendants  # noqa: E402
-from tests.harness import Job, base_env, free_port, launch  # noqa: E402
+from dtwatch.watchdog.proctree import descendants
+from tests.harness import Job, base_env, free_port, launch
 
 BUSY_WORKER = REPO / "benchmarks" / "workers" / "busy_worker.py"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

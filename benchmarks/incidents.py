@@ -15,9 +15,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dtwatch.report.capture import load_fixture  # noqa: E402
-from dtwatch.diagnose import diagnose_fixture  # noqa: E402
-from tests.scenarios.judge import judge  # noqa: E402
+from dtwatch.diagnose import diagnose_fixture
+from dtwatch.report.capture import load_fixture
+from tests.scenarios.judge import judge
 
 
 def main() -> int:

@@ -23,19 +23,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import platform
-import statistics
-import contextlib
 import socket
+import statistics
 import subprocess
-import threading
-import urllib.request
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import warnings
 from pathlib import Path
 
@@ -109,8 +109,8 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     import torch.distributed as dist
 
     import dtwatch
-    from dtwatch.record import recorder
     from dtwatch.ops import bind
+    from dtwatch.record import recorder
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated in new torch
     os.environ.setdefault("DTWATCH_WATCHDOG", "off")
@@ -120,7 +120,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     os.environ["DTWATCH_JOB_ID"] = "per-call"
     assert dtwatch.install(), "dtwatch was already installed in this process"
     if backend == "gloo_async":
-        import dtwatch.testing  # noqa: F401 - registers the backend
+        import dtwatch.testing
     dist.init_process_group(backend, rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
     c10d = dist.distributed_c10d
     rec = recorder.active()
@@ -267,7 +267,7 @@ def exporters_running(run_root: str, job_id: str):
     stats = {"otlp_posts": 0, "scrapes": 0}
 
     class Sink(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             stats["otlp_posts"] += 1
             self.send_response(200)

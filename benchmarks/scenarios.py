@@ -40,10 +40,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dtwatch.report.capture import capture, write_fixture  # noqa: E402
-from dtwatch.watchdog.proctree import descendants  # noqa: E402
-from tests.scenarios.catalog import HERE as SCENARIO_DIR, SCENARIOS, Scenario  # noqa: E402
-from tests.scenarios.judge import judge, stall_findings  # noqa: E402
+from dtwatch.report.capture import capture, write_fixture
+from dtwatch.watchdog.proctree import descendants
+from tests.scenarios.catalog import HERE as SCENARIO_DIR
+from tests.scenarios.catalog import SCENARIOS, Scenario
+from tests.scenarios.judge import judge, stall_findings
 
 COLUMNS = ("kind", "ranks", "op", "line", "text")
 

@@ -17,14 +17,14 @@ from dtwatch.ring import RankSnapshot, Record, RingFormatError, Site, find_rings
 __version__ = "0.1.0"
 
 
-def install(**options):  # noqa: ANN001, ANN201 - documented in recorder.install
+def install(**options):
     """Start recording this process's collectives. Idempotent. See :class:`dtwatch.Config` for options."""
     from dtwatch.record.recorder import install as _install
 
     return _install(**options)
 
 
-def uninstall():  # noqa: ANN201
+def uninstall():
     """Stop recording and restore every function dtwatch replaced."""
     from dtwatch.record.recorder import uninstall as _uninstall
 

@@ -69,7 +69,7 @@ def _port(text: str) -> int:
     return port
 
 
-def _seconds(low: float, high: float):  # noqa: ANN202
+def _seconds(low: float, high: float):
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -113,7 +113,7 @@ def _add_watch_options(p: argparse.ArgumentParser, *, for_run: bool) -> None:
     p.add_argument("--no-pyspy", action="store_true", help="do not run py-spy on a stall (faulthandler stacks only)")
 
 
-def _watch_options(args: argparse.Namespace, *, for_run: bool):  # noqa: ANN202
+def _watch_options(args: argparse.Namespace, *, for_run: bool):
     from dtwatch.config import default_job_id
     from dtwatch.watchdog.watch import WatchOptions
 

@@ -11,8 +11,9 @@ import os
 import re
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("dtwatch")
 
@@ -93,7 +94,7 @@ class Config:
                 raise ConfigError(f"dtwatch option {f.name}={value!r} is invalid: allowed {opt.allowed}")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> "Config":
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
         """Build from arguments (validated strictly) over environment values (refused with a warning)."""
         environ = os.environ if environ is None else environ
         unknown = set(overrides) - set(OPTIONS)

@@ -6,8 +6,8 @@ same table serves every torch version; a function missing from the installed tor
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dtwatch.ring import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, OP_CODES
 

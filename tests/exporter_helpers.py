@@ -23,9 +23,9 @@ from typing import Any
 
 import dtwatch
 from dtwatch.diagnose import entry_lags
-from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
+from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "scripts" / "exp_worker.py"

@@ -78,8 +78,8 @@ def run_worker(python: str, workdir: Path, nproc: int = 2, timeout: float = 180)
 
 
 def capture(python: str, rank: int = 0) -> dict:
-    from dtwatch.ring import read_ring
     from dtwatch.diagnose.state import from_snapshot
+    from dtwatch.ring import read_ring
 
     with tempfile.TemporaryDirectory(prefix="dtwatch-fr-") as tmp:
         run_dir, out = run_worker(python, Path(tmp))

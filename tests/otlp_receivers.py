@@ -14,10 +14,11 @@ import gzip
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
@@ -167,7 +168,7 @@ class GrpcReceiver(_Store):
     def close(self) -> None:
         self.server.stop(grace=0).wait(5)
 
-    def __enter__(self) -> "GrpcReceiver":
+    def __enter__(self) -> GrpcReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -185,7 +186,7 @@ class HttpReceiver(_Store):
         self.encodings: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 encoding = self.headers.get("Content-Encoding", "")
                 if encoding == "gzip":
@@ -226,7 +227,7 @@ class HttpReceiver(_Store):
         self.server.server_close()
         self.thread.join(5)
 
-    def __enter__(self) -> "HttpReceiver":
+    def __enter__(self) -> HttpReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,9 +2,8 @@
 a real watchdog), and rings written offline by the real writer with no watchdog at all."""
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 
 from dtwatch.report.analyze import analyze
 from dtwatch.ring import FLAG_MARKER, RingWriter, ring_filename
-from tests.harness import assert_rank_conditional_finding, WORKER, launch, site_line
+from tests.harness import WORKER, assert_rank_conditional_finding, launch, site_line
 
 SVG = "{http://www.w3.org/2000/svg}"
 

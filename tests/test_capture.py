@@ -6,9 +6,9 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from dtwatch.report.capture import Sanitiser, capture, dumps_fixture, fixture_from_dict, load_fixture, write_fixture
 from tests.harness import REPO, WORKER, launch, site_line

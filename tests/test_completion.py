@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from dtwatch.record.completion import watermark, watermarks
 from dtwatch.diagnose.positions import completed_by_peers, positions, waiting_call
-from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring
 from dtwatch.diagnose.state import CPP_OP, Call, GroupProgress, RankState, from_snapshot
+from dtwatch.record.completion import watermark, watermarks
 from dtwatch.record.torchenv import flight_recorder_on
+from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -15,10 +15,9 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
-from dtwatch.record import recorder
 from dtwatch.config import Config
+from dtwatch.record import recorder
 from dtwatch.record.torchenv import apply_torch_env
-
 from tests.conftest import init_world1
 
 FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")

@@ -26,8 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dtwatch
-from dtwatch.export.prometheus import DURATION_BUCKETS, METRICS, MetricsBindError, MetricsServer, PrometheusExporter
 from dtwatch.export.nvml import GpuSampler, index_for, normalize_uuid, physical_index
+from dtwatch.export.prometheus import DURATION_BUCKETS, METRICS, MetricsBindError, MetricsServer, PrometheusExporter
 from dtwatch.ring import FLAG_MARKER, OP_CODES
 from tests.exporter_helpers import REPO, ExpJob, node_view, read_states, shared_exp_job, synthetic_view
 from tests.tools import require_tool

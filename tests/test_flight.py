@@ -16,12 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.report.bundle import summarize_flight_record
 from dtwatch.diagnose import RecordedEvidence
 from dtwatch.diagnose.context import Context
-from dtwatch.diagnose.flight import OP_ID, SEQ, SeqMapping, calibrate, default_mapping, entry_for, op_family, summarize_entry
+from dtwatch.diagnose.flight import (
+    OP_ID,
+    SEQ,
+    SeqMapping,
+    calibrate,
+    default_mapping,
+    entry_for,
+    op_family,
+    summarize_entry,
+)
 from dtwatch.diagnose.state import CPP_OP, Call, from_snapshot
-
+from dtwatch.report.bundle import summarize_flight_record
 from tests.conftest import SCRIPTS
 from tests.harness import site_line
 

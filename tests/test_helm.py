@@ -19,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,7 @@ def helm_run(helm: str, *args: str, check: bool = True) -> subprocess.CompletedP
     return done
 
 
-@lru_cache(maxsize=None)
+@cache
 def _template(helm: str, chart: str, release: str, args: tuple[str, ...]) -> str:
     return helm_run(helm, "template", release, chart, "--namespace", NAMESPACE, *args).stdout
 
@@ -816,7 +816,7 @@ def test_ptrace_rights_behind_the_watchdog_security_context(unshare, traversable
     if subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", pyspy, "--version"],
                       capture_output=True, timeout=30).returncode != 0:
         _missing(f"{pyspy} is not executable by UID 1000")
-    as_user = lambda uid: [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]  # noqa: E731
+    as_user = lambda uid: [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     dump = [pyspy, "dump", "--pid", "{pid}", "--json"]
     pod = Pod(unshare, traversable_tmp / "pod",
               {"uid1000": {"setpriv": as_user(1000)}, "uid1001": {"setpriv": as_user(1001)}},

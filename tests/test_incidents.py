@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.report.capture import load_fixture
 from dtwatch.diagnose import diagnose_fixture
+from dtwatch.report.capture import load_fixture
 from tests.scenarios.catalog import SCENARIOS
 from tests.scenarios.judge import judge
 

@@ -12,11 +12,25 @@ from pathlib import Path
 
 import pytest
 
+from dtwatch.export.otel import (
+    OtelConfigError,
+    OtelExporter,
+    SpanSampling,
+    otlp_configured,
+    resolve_config,
+    step_trace_id,
+)
 from dtwatch.export.prometheus import DURATION_BUCKETS
-from dtwatch.export.otel import OtelConfigError, OtelExporter, SpanSampling, otlp_configured, resolve_config, step_trace_id
 from dtwatch.ring import FLAG_MARKER, ring_filename
 from tests.exporter_helpers import (
-    WORKER, ExpJob, free_port, node_view, read_states, shared_exp_job, synthetic_view, write_synthetic_ring,
+    WORKER,
+    ExpJob,
+    free_port,
+    node_view,
+    read_states,
+    shared_exp_job,
+    synthetic_view,
+    write_synthetic_ring,
 )
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, ReceivedSpan
 

@@ -29,10 +29,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import dtwatch
-from dtwatch.record import recorder
 from dtwatch.ops import OP_KINDS
+from dtwatch.record import recorder
 from dtwatch.ring import FLAG_ASYNC, FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, STATUS_ERROR, STATUS_OK
-
 from tests.conftest import SCRIPTS, init_world1, wait_for
 
 c10d = dist.distributed_c10d

@@ -14,11 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.prom_servers import WebhookReceiver, until
 from tests.harness import (
-    SCRIPTS, WORKER, base_env, free_port, job_processes, launch, process_report, site_line, start_watchdog,
+    SCRIPTS,
+    WORKER,
+    base_env,
+    free_port,
+    job_processes,
+    launch,
+    process_report,
+    site_line,
+    start_watchdog,
     stop_processes,
 )
+from tests.prom_servers import WebhookReceiver, until
 from tests.test_watchdog import DEADLINE, WINDOW
 
 AUTO_WATCHDOG = "--stall-window 4 --metrics-port off --idle-exit 2 --poll-interval 0.2 --store none"

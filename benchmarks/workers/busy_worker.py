@@ -9,13 +9,13 @@ same number of steps and stops together), and every 50 steps a barrier. ``BUSY_S
 0.01 s) of "compute" per step keeps the stream steady rather than CPU-bound. Writes nothing but its
 ring; prints the step count and collective rate of rank 0 at the end.
 """
-import dtwatch.auto  # noqa: F401  (first: before init_process_group)
-
 import os
 import time
 
 import torch
 import torch.distributed as dist
+
+import dtwatch.auto  # noqa: F401  (first: before init_process_group)
 
 
 def main() -> None:

@@ -31,14 +31,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.decide import classify as _classify
 from dtwatch.diagnose.decide import exit_findings as _exit_findings
 from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
 from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
-from dtwatch.diagnose.text import fmt_ranks, fmt_site, trim, with_source
 from dtwatch.diagnose.silent import silent_desyncs
+from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.text import fmt_ranks, fmt_site, trim, with_source
 from dtwatch.diagnose.warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
 
 __all__ = [

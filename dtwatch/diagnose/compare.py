@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dtwatch.diagnose.state import CPP_OP, Call
-from dtwatch.diagnose.context import P2P, MATCHING_P2P, Context
+from dtwatch.diagnose.context import MATCHING_P2P, P2P, Context
 from dtwatch.diagnose.loops import uneven
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
+from dtwatch.diagnose.state import CPP_OP, Call
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
 
 

@@ -10,7 +10,6 @@ ended (:mod:`.ended`), wedged or idle ranks (:mod:`.idle`), ranks that all issue
 """
 from __future__ import annotations
 
-from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.compare import blocked_findings, first_divergence
 from dtwatch.diagnose.context import Context, with_cpp_entries
 from dtwatch.diagnose.ended import exit_findings, gone_findings
@@ -18,6 +17,7 @@ from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.idle import stuck_outside, unresponsive
 from dtwatch.diagnose.model import Finding
 from dtwatch.diagnose.positions import StallCheck
+from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.sync_points import with_sync_points
 
 __all__ = ["classify", "exit_findings"]

@@ -2,12 +2,12 @@
 a crash that followed a desync reported as the desync."""
 from __future__ import annotations
 
-from dtwatch.diagnose.state import CPP_OP, RankState
 from dtwatch.diagnose.compare import conditional, desync, sides_at
 from dtwatch.diagnose.context import P2P, Context, exception_site, is_library_path, with_cpp_entries
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.loops import early_exit_loop, is_return, past_loop, uneven
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
+from dtwatch.diagnose.state import CPP_OP, RankState
 from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
 
 

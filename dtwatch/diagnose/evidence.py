@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import linecache
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from dtwatch.diagnose.source import Loop, loops
 

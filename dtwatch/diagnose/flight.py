@@ -22,11 +22,12 @@ Entries are those of :func:`summarize_entry` (``group``, ``seq`` = ``collective_
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from dtwatch.record.callsite import INTERNAL, USER, classify_file
 from dtwatch.ops import P2P_NAMES
+from dtwatch.record.callsite import INTERNAL, USER, classify_file
 
 SEQ, OP_ID = "seq", "op_id"  # summary keys of collective_seq_id and op_id
 _OFFSETS = (0, -1, 1)

@@ -54,7 +54,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
+    def from_dict(cls, d: dict) -> Finding:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def key(self) -> tuple:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtwatch.ops import P2P_NAMES
-from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.model import Position
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.ops import P2P_NAMES
 
 
 def tracked_cpp_call(s: RankState) -> Call | None:

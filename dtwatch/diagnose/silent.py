@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
-from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.model import WARNING, Finding, Kind
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import silent_desync_summary
+from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 
 CPP = "cpp"
 _SKIP = "skip"

@@ -146,7 +146,7 @@ class RankState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RankState":
+    def from_dict(cls, d: dict) -> RankState:
         d = dict(d)
         d["groups"] = {
             k: GroupProgress(**{**g, "recent": [Call(**c) for c in g.get("recent", [])]}) for k, g in d["groups"].items()

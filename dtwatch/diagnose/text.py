@@ -8,10 +8,10 @@ they lie under it.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
-from dtwatch.diagnose.state import CPP_OP, Call
 from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.state import CPP_OP, Call
 
 _EVIDENCE = Evidence()
 

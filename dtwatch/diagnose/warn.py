@@ -5,8 +5,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.model import WARNING, Finding, Kind
+from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
 
 

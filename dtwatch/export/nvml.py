@@ -21,7 +21,8 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dtwatch.diagnose.state import RankState
@@ -58,7 +59,7 @@ def physical_index(device_index: int, visible: str | None, uuids: list[str]) -> 
     return None
 
 
-def index_for(state: "RankState", visible: str | None, uuids: list[str]) -> int | None:
+def index_for(state: RankState, visible: str | None, uuids: list[str]) -> int | None:
     """NVML index of the GPU a rank uses: by its UUID when the ring has one, else by device index."""
     if state.gpu_uuid:
         want = normalize_uuid(state.gpu_uuid)
@@ -114,7 +115,7 @@ class GpuSampler:
         self._nvml = pynvml
         return True
 
-    def sample(self, ranks: Iterable["RankState"]) -> dict[int, dict[str, Any]]:
+    def sample(self, ranks: Iterable[RankState]) -> dict[int, dict[str, Any]]:
         """``{rank: {"gpu", "utilization", "memory_used", "memory_total", "power_watts", "temperature_celsius"}}``."""
         if not self.enabled:
             return {}

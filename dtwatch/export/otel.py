@@ -80,8 +80,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -90,11 +91,18 @@ try:
     from opentelemetry import trace as trace_api
     from opentelemetry.context import Context
     from opentelemetry.metrics import CallbackOptions, Observation
-    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
-        AggregationTemporality, HistogramDataPoint, Metric, MetricExporter, MetricExportResult,
-        MetricsData, PeriodicExportingMetricReader, ResourceMetrics, ScopeMetrics,
+        AggregationTemporality,
+        HistogramDataPoint,
+        Metric,
+        MetricExporter,
+        MetricExportResult,
+        MetricsData,
+        PeriodicExportingMetricReader,
+        ResourceMetrics,
+        ScopeMetrics,
     )
     from opentelemetry.sdk.metrics.export import Histogram as HistogramData
     from opentelemetry.sdk.resources import Resource
@@ -111,11 +119,21 @@ except ImportError as _exc:  # pragma: no cover - depends on the installation
     ) from _exc
 
 from dtwatch.export.prometheus import METRICS, Histogram, NodeMetrics
-from dtwatch.ring import DTYPE_ITEMSIZE, DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_ERROR, RankSnapshot, Record
+from dtwatch.ring import (
+    DTYPE_ITEMSIZE,
+    DTYPES,
+    FLAG_ASYNC,
+    FLAG_MARKER,
+    OPS,
+    RECORD_DTYPE,
+    STATUS_ERROR,
+    RankSnapshot,
+    Record,
+)
 
 if TYPE_CHECKING:
-    from dtwatch.export.nvml import GpuSampler
     from dtwatch.diagnose.state import RankState
+    from dtwatch.export.nvml import GpuSampler
     from dtwatch.export.view import NodeView
 
 log = logging.getLogger("dtwatch.export.otel")
@@ -374,7 +392,7 @@ class _SdkLogCapture(logging.Handler):
     """Takes the SDK exporters' log records while installed (they stop propagating to the root)."""
 
     _lock = threading.Lock()
-    _installed: list["_SdkLogCapture"] = []
+    _installed: list[_SdkLogCapture] = []
     _saved: dict[str, bool] = {}
 
     def __init__(self, health: _ExportHealth) -> None:
@@ -440,7 +458,7 @@ class _GuardedSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         try:
             self.inner.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("dtwatch: span exporter shutdown failed", exc_info=True)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -502,7 +520,7 @@ class _GuardedMetricExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         try:
             self.inner.shutdown(timeout_millis=timeout_millis)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("dtwatch: metric exporter shutdown failed", exc_info=True)
 
 
@@ -510,7 +528,6 @@ def _make_exporter(signal: str, target: SignalTarget, timeout: float) -> Any:
     """The SDK's OTLP exporter for one signal, configured entirely from ``target`` (no env lookups)."""
     if target.protocol == "grpc":
         import grpc
-
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
@@ -593,7 +610,7 @@ def _ns(t: float) -> int:
 class _RankSpans:
     """Spans of one local rank: its TracerProvider, step spans and sampling state."""
 
-    def __init__(self, owner: "OtelExporter", view: "NodeView", state: "RankState") -> None:
+    def __init__(self, owner: OtelExporter, view: NodeView, state: RankState) -> None:
         self.owner = owner
         self.rank = state.rank
         self.job_id, _ = owner._identity(view)
@@ -631,7 +648,7 @@ class _RankSpans:
         self.sampled_out = 0  # collectives not turned into spans
 
     # -- per view ------------------------------------------------------------------------------------
-    def update(self, view: "NodeView", state: "RankState", recs: np.ndarray | None, snap: RankSnapshot | None) -> None:
+    def update(self, view: NodeView, state: RankState, recs: np.ndarray | None, snap: RankSnapshot | None) -> None:
         incarnation = (state.pid, state.start_time)
         if incarnation != self.incarnation:
             if self.incarnation is not None:
@@ -683,7 +700,7 @@ class _RankSpans:
             st = self.steps[number] = _Step(number, kept=number % stride == 0, start=self.marker_times.get(number))
         return st
 
-    def _records(self, view: "NodeView", recs: np.ndarray, snap: RankSnapshot | None, in_stall: bool) -> None:
+    def _records(self, view: NodeView, recs: np.ndarray, snap: RankSnapshot | None, in_stall: bool) -> None:
         marker = (recs["flags"] & FLAG_MARKER) != 0
         calls = np.flatnonzero(~marker & (recs["t_exit"] != 0.0))
         self._observe_rate(len(calls), recs[calls] if len(calls) else None, view.now)
@@ -797,7 +814,7 @@ class _RankSpans:
             if st.end is not None and st.span is not None:  # a late child of a step already over
                 self._finish(st, st.end)
 
-    def _in_flight(self, view: "NodeView", state: "RankState", snap: RankSnapshot) -> None:
+    def _in_flight(self, view: NodeView, state: RankState, snap: RankSnapshot) -> None:
         """Calls a stalled rank is still inside: one span each, ending now, status ERROR."""
         for rec in snap.open_records()[-MAX_IN_FLIGHT_SPANS:]:
             key = (rec.group, rec.seq)
@@ -857,7 +874,7 @@ def _call_attributes(rec: Record, rank: int) -> dict[str, Any]:
 class _NodeMeters:
     """The node's MeterProvider: observable instruments over NodeMetrics, plus injected histograms."""
 
-    def __init__(self, owner: "OtelExporter", view: "NodeView") -> None:
+    def __init__(self, owner: OtelExporter, view: NodeView) -> None:
         self.metrics = owner.metrics
         target = owner.config.metrics
         assert target is not None
@@ -952,7 +969,7 @@ class OtelExporter:
         max_export_batch_size: int = 256,
         schedule_delay: float = 1.0,
         retry_after: float = 30.0,
-        gpu: "GpuSampler | None" = None,
+        gpu: GpuSampler | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         for name, value in (("metric_interval", metric_interval), ("schedule_delay", schedule_delay), ("retry_after", retry_after)):
@@ -988,14 +1005,14 @@ class OtelExporter:
         self._update_failed = False
 
     @classmethod
-    def from_env(cls, *, endpoint: str | None = None, environ: Mapping[str, str] | None = None, **kwargs: Any) -> "OtelExporter | None":
+    def from_env(cls, *, endpoint: str | None = None, environ: Mapping[str, str] | None = None, **kwargs: Any) -> OtelExporter | None:
         """An exporter if an endpoint is given or configured (and ``OTEL_SDK_DISABLED`` is not true), else None."""
         if not otlp_configured(endpoint, environ):
             return None
         return cls(endpoint=endpoint, environ=environ, **kwargs)
 
     # -- per poll ------------------------------------------------------------------------------------
-    def update(self, view: "NodeView") -> None:
+    def update(self, view: NodeView) -> None:
         """Fold one NodeView in: metrics state, and spans for its new records. Never raises."""
         with self._lock:
             if self._closed:
@@ -1010,7 +1027,7 @@ class OtelExporter:
                         if spans is None:
                             spans = self._ranks[state.rank] = _RankSpans(self, view, state)
                         spans.update(view, state, view.new_records.get(state.rank), view.snapshots.get(state.rank))
-            except Exception as exc:  # noqa: BLE001 - an exporter must never take the watchdog down
+            except Exception as exc:
                 if not self._update_failed:
                     self._update_failed = True
                     log.warning("dtwatch: OpenTelemetry export of a view failed (%r); further failures are logged at debug", exc)
@@ -1039,7 +1056,7 @@ class OtelExporter:
             for spans in self._ranks.values():
                 try:
                     spans.close_steps(incomplete=True)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.debug("dtwatch: closing step spans failed", exc_info=True)
             providers: list[Callable[[], Any]] = [r.provider.shutdown for r in self._ranks.values()]
             if self._meters is not None:
@@ -1067,10 +1084,10 @@ class OtelExporter:
             "exports_skipped": self.health.skipped,
         }
 
-    def _identity(self, view: "NodeView") -> tuple[str, str]:
+    def _identity(self, view: NodeView) -> tuple[str, str]:
         return self.job_id or view.job_id, self.node or view.node
 
-    def _resource(self, extra: dict[str, Any], view: "NodeView") -> Resource:
+    def _resource(self, extra: dict[str, Any], view: NodeView) -> Resource:
         attrs: dict[str, Any] = {
             "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
             "telemetry.sdk.version": _sdk_version,
@@ -1088,7 +1105,7 @@ class OtelExporter:
 def _quietly(fn: Callable[[], Any]) -> None:
     try:
         fn()
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("dtwatch: OpenTelemetry shutdown step failed", exc_info=True)
 
 

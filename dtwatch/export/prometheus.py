@@ -34,9 +34,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -221,7 +222,7 @@ class NodeMetrics:
     """
 
     def __init__(
-        self, *, buckets: Iterable[float] = DURATION_BUCKETS, gpu: "GpuSampler | None" = None, job_id: str = "", node: str = ""
+        self, *, buckets: Iterable[float] = DURATION_BUCKETS, gpu: GpuSampler | None = None, job_id: str = "", node: str = ""
     ) -> None:
         self.job_id, self.node = job_id, node
         bounds = np.asarray(sorted(float(b) for b in buckets), dtype=np.float64)
@@ -239,13 +240,13 @@ class NodeMetrics:
         self.generation = 0  # increases with every update
 
     # -- folding views in ----------------------------------------------------------------------------
-    def update(self, view: "NodeView") -> None:
+    def update(self, view: NodeView) -> None:
         """Fold one NodeView into the cumulative state; the next scrape renders it."""
         gpu = {}
         if self.gpu is not None:
             try:
                 gpu = self.gpu.sample(view.local)
-            except Exception:  # noqa: BLE001 - the sampler guards NVML; this is a last resort
+            except Exception:
                 log.debug("dtwatch: GPU sampling failed", exc_info=True)
         with self._lock:
             for state in view.local:
@@ -290,7 +291,7 @@ class NodeMetrics:
             totals.last_marker = (int(steps[-1]), float(times[-1]))
 
     # -- reading -------------------------------------------------------------------------------------
-    def view(self) -> "NodeView | None":
+    def view(self) -> NodeView | None:
         """The latest view folded in."""
         return self._view
 
@@ -403,13 +404,13 @@ class PrometheusExporter(Collector):
         job_id: str = "",
         node: str = "",
         buckets: Iterable[float] = DURATION_BUCKETS,
-        gpu: "GpuSampler | None" = None,
+        gpu: GpuSampler | None = None,
     ) -> None:
         self.metrics = NodeMetrics(buckets=buckets, gpu=gpu, job_id=job_id, node=node)
         self.registry = CollectorRegistry() if registry is None else registry
         self.registry.register(self)
 
-    def update(self, view: "NodeView") -> None:
+    def update(self, view: NodeView) -> None:
         """Fold one NodeView in (call once per watchdog poll)."""
         self.metrics.update(view)
 
@@ -554,7 +555,7 @@ class MetricsServer:
         else:
             self._ready.clear()
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -569,7 +570,7 @@ class MetricsServer:
         try:
             encoder, content_type = choose_encoder(accept)
             body = encoder(registry)
-        except Exception as exc:  # noqa: BLE001 - a broken collector must not kill the server
+        except Exception as exc:
             if not self._scrape_failed:
                 self._scrape_failed = True
                 log.warning("dtwatch: rendering /metrics failed: %r (further failures are logged at debug)", exc)
@@ -593,7 +594,7 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "dtwatch"
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             parts = urlsplit(self.path)
             text = {"Content-Type": "text/plain; charset=utf-8"}
             if parts.path == "/metrics":

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dtwatch.diagnose import Finding
-from dtwatch.ring import RankSnapshot
 from dtwatch.diagnose.state import RankState
+from dtwatch.ring import RankSnapshot
 
 
 @dataclass

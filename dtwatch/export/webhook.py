@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("dtwatch")
 

@@ -73,9 +73,10 @@ import os
 import re
 import tokenize
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import NamedTuple
 
 __all__ = [
     "CODES",

@@ -29,8 +29,8 @@ import os
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Callable
 
 import torch
 

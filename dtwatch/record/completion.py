@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from dtwatch.record.torchenv import flight_recorder_on
 
@@ -77,7 +78,7 @@ class _NcclActiveEntries:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.fetched = float("-inf")
-        self.sources: list["FlightRecorderActive"] = []
+        self.sources: list[FlightRecorderActive] = []
         self.answers: dict[int, int] = {}  # id(source) -> watermark at the last fetch
         self.warned = False
 

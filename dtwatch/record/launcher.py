@@ -51,7 +51,7 @@ def start_watchdog(run_dir: str, node: str, extra_args: str = "") -> subprocess.
     ]
     env = dict(os.environ)
     env.pop("DTWATCH_WATCHDOG_ARGS", None)
-    log_file = open(os.path.join(run_dir, f"watchdog-{node}.log"), "ab")  # noqa: SIM115 - handed to the child
+    log_file = open(os.path.join(run_dir, f"watchdog-{node}.log"), "ab")
     try:
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,

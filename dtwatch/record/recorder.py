@@ -26,19 +26,32 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dtwatch import ring as ringfmt
-from dtwatch.record.callsite import SiteTable
-from dtwatch.record.completion import CompletionSource, completion_source, forget_all
 from dtwatch.config import Config, run_dir
 from dtwatch.ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
+from dtwatch.record.callsite import SiteTable
+from dtwatch.record.completion import CompletionSource, completion_source, forget_all
 from dtwatch.ring import (
-    FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, FLAG_OBJECT, FLAG_P2P, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_EXIT, RECORD_EXIT_OFFSET,
-    RECORD_SIZE, STATUS_ERROR, STATUS_OK, RingWriter, ring_filename,
+    FLAG_ASYNC,
+    FLAG_ENQUEUED,
+    FLAG_MARKER,
+    FLAG_OBJECT,
+    FLAG_P2P,
+    NUMEL_FROM_SHAPE,
+    RECORD_ENTRY_BY_NDIM,
+    RECORD_EXIT,
+    RECORD_EXIT_OFFSET,
+    RECORD_SIZE,
+    STATUS_ERROR,
+    STATUS_OK,
+    RingWriter,
+    ring_filename,
 )
 
 log = logging.getLogger("dtwatch")
@@ -410,7 +423,7 @@ class Recorder:
                 return
             path = os.path.join(self.run_dir, "stacks", f"rank-{dist.get_rank():05d}.txt")
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.stack_file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the signal handler
+            self.stack_file = open(path, "a", buffering=1)
             faulthandler.register(sig, file=self.stack_file, all_threads=True, chain=False)
             self.ring.set_stack_signal(sig)
         except Exception as exc:  # noqa: BLE001
@@ -429,7 +442,7 @@ class Recorder:
         try:
             fatal, term = ending_files(self.run_dir, dist.get_rank())
             os.makedirs(os.path.dirname(fatal), exist_ok=True)
-            self.ending_files = [open(fatal, "w"), open(term, "w")]  # noqa: SIM115 - kept for the handlers
+            self.ending_files = [open(fatal, "w"), open(term, "w")]
             faulthandler.enable(file=self.ending_files[0], all_threads=True)
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 faulthandler.register(signal.SIGTERM, file=self.ending_files[1], all_threads=False, chain=True)
@@ -495,7 +508,7 @@ class _UnattachedProbe:
         self.warned = False
 
     @classmethod
-    def install(cls, rec: Recorder) -> "_UnattachedProbe | None":
+    def install(cls, rec: Recorder) -> _UnattachedProbe | None:
         c10d = dist.distributed_c10d
         original = getattr(c10d, cls.NAME, None)
         if original is None or getattr(original, "__dtwatch_probe__", False):

@@ -42,7 +42,7 @@ GROUP_SCAN_EVERY = 10  # ticks between scans for new process groups
 
 
 class Sampler(threading.Thread):
-    def __init__(self, rec: "Recorder") -> None:
+    def __init__(self, rec: Recorder) -> None:
         super().__init__(name="dtwatch-sampler", daemon=True)
         self.rec = rec
         self.interval = rec.config.sample_interval

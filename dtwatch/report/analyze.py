@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.ring import RingFormatError, read_ring
 from dtwatch.watchdog.stacks import process_ending
-from dtwatch.diagnose.state import RankState, from_snapshot
 
 
 @dataclass

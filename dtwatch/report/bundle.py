@@ -89,7 +89,7 @@ def summarize_flight_record(path: str) -> dict | None:
     """Readable summary of a torch Flight Recorder pickle: per entry the fields that matter."""
     try:
         with open(path, "rb") as f:
-            data = pickle.load(f)  # noqa: S301 - our own rank's dump, written by torch
+            data = pickle.load(f)
     except Exception:
         return None
     entries = [summarize_entry(e) for e in data.get("entries", [])]

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtwatch.watchdog.stacks import process_ending
-from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.diagnose.state import Call, RankState, from_snapshot
+from dtwatch.ring import RingFormatError, find_rings, read_ring
+from dtwatch.watchdog.stacks import process_ending
 
 FORMAT = 1
 DEFAULT_RECENT = 16  # recent calls kept per group (and step markers kept)

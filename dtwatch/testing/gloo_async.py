@@ -32,7 +32,8 @@ import os
 import queue
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -146,7 +147,7 @@ class EnqueuedWork(dist.distributed_c10d.Work):
         if self.error is not None:
             raise self.error
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:  # noqa: ARG002 - NCCL ignores it too
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self._blocking or _caller_reads_results(sys._getframe(1)):
             self.block()
         return True
@@ -179,7 +180,7 @@ class _Completions(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(name="gloo-async-completions", daemon=True)
-        self.queue: "queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]] | None]" = \
+        self.queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]] | None] = \
             queue.SimpleQueue()
 
     def run(self) -> None:
@@ -346,7 +347,7 @@ class GlooAsyncGroup(ProcessGroup):
         return self._reduce_scatter_base(output, input, opts)
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
-                          opts: Any = None) -> Any:  # noqa: A002
+                          opts: Any = None) -> Any:
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -362,7 +363,7 @@ class GlooAsyncGroup(ProcessGroup):
         return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs)]))
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
-                      opts: Any = None) -> Any:  # noqa: A002
+                      opts: Any = None) -> Any:
         return self._issue("alltoall_base", lambda: self._gloo.alltoall_base(
             output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()))
 

@@ -25,7 +25,7 @@ class JobStore:
         self._store = None
         self._registered = False
 
-    def _connect(self):  # noqa: ANN202
+    def _connect(self):
         if self._store is None:
             from torch.distributed import TCPStore
 

@@ -28,19 +28,25 @@ from pathlib import Path
 import numpy as np
 
 from dtwatch import __version__
-from dtwatch.report.bundle import Bundle, incident_id, summarize_flight_record
 from dtwatch.diagnose import (
-    FileEvidence, Finding, diagnose, entry_lags, silent_desyncs, straggler_warning, uneven_loader_warnings,
+    FileEvidence,
+    Finding,
+    diagnose,
+    entry_lags,
+    silent_desyncs,
+    straggler_warning,
+    uneven_loader_warnings,
 )
 from dtwatch.diagnose.evidence import main_thread_frames
-from dtwatch.watchdog.console import show
-from dtwatch.record.launcher import lock_path
-from dtwatch.watchdog.notice import STALL, render_fail_fast, render_notice, render_warning, verdict
-from dtwatch.watchdog.proctree import identity, parent_pid, running, terminate_trees, tree
-from dtwatch.ring import RankSnapshot, find_rings, read_ring, request_dump, RingFormatError
-from dtwatch.watchdog.stacks import faulthandler_dump, process_ending, pyspy_dump
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
+from dtwatch.record.launcher import lock_path
+from dtwatch.report.bundle import Bundle, incident_id, summarize_flight_record
+from dtwatch.ring import RankSnapshot, RingFormatError, find_rings, read_ring, request_dump
+from dtwatch.watchdog.console import show
+from dtwatch.watchdog.notice import STALL, render_fail_fast, render_notice, render_warning, verdict
+from dtwatch.watchdog.proctree import identity, parent_pid, running, terminate_trees, tree
+from dtwatch.watchdog.stacks import faulthandler_dump, process_ending, pyspy_dump
 
 log = logging.getLogger("dtwatch")
 
@@ -257,7 +263,7 @@ class Watchdog:
                 try:
                     if self.poll():
                         break
-                except Exception as exc:  # noqa: BLE001 - the watchdog must outlive its own bugs
+                except Exception as exc:
                     log.exception("dtwatch: watchdog poll failed: %r", exc)
                     self.error("poll")
                 self.health.poll_seconds.append(time.perf_counter() - t0)
@@ -600,7 +606,7 @@ class Watchdog:
                                                       verdict=inc.get("verdict")))
             bundle.add_json("findings.json", [f.to_dict() for f in findings])
             bundle.write_index(findings, complete=True)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("dtwatch: collecting evidence failed: %r", exc)
             self.error("dump")
         finally:

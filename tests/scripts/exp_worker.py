@@ -8,8 +8,6 @@ each group as torch counts it, and how many calls of each op it issued. With ``-
 ranks then stay alive, outside any collective, until FILE exists (at most 120 s), so a watchdog and a
 Prometheus server can observe a live, healthy job.
 """
-import dtwatch.auto  # noqa: F401  (first: installs dtwatch from the DTWATCH_* environment)
-
 import argparse
 import json
 import os
@@ -17,6 +15,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+import dtwatch.auto  # noqa: F401  (first: installs dtwatch from the DTWATCH_* environment)
 
 
 def main() -> None:

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 
-import dtwatch
-import dtwatch.auto  # noqa: F401  (first: before init_process_group)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import dtwatch
+import dtwatch.auto
 
 SCENARIO = sys.argv[1]
 HANG_STEP = 4

@@ -17,7 +17,7 @@ from torch.distributed.distributed_c10d import init_process_group as init_by_nam
 
 ROUTE = sys.argv[1]
 if ROUTE != "install_after_init":
-    import dtwatch.auto  # noqa: F401
+    import dtwatch.auto
 
 import torch
 import torch.distributed as dist

@@ -6,8 +6,6 @@
 at once (NCCL enqueues it) and rank 0 blocks three lines later, in ``torch.cuda.synchronize()``; rank 1
 waits in the barrier after it. ``healthy_ddp``: DDP training with a quiet gap longer than the window.
 """
-import dtwatch.auto  # noqa: F401  (first: before init_process_group)
-
 import os
 import sys
 import time
@@ -15,6 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtwatch.auto  # noqa: F401  (first: before init_process_group)
 
 SCENARIO = sys.argv[1]
 HANG_STEP = 4

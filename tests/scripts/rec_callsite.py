@@ -5,14 +5,14 @@ writes into a ``site-packages`` directory on ``PYTHONPATH``. Every user line the
 a ``# site:<name>`` marker. Between the calls the worker waits inside the library until the test, having
 read the ring, creates ``$REC_OUT/release`` (the sampler's view of a rank inside a library).
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
-
 import json
 import os
 
 import torch
 import torch.distributed as dist
 import wrapperlib
+
+import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 
 def metric_step(t):

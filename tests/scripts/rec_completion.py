@@ -4,8 +4,6 @@ in the ring until it completed, and the group reports what completed.
 Rank 1 joins each collective 1.5 s late. Rank 0 reads its own ring while it waits and writes what it
 saw to ``$REC_OUT/rank-0.json``.
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
-
 import json
 import os
 import time
@@ -14,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
+import dtwatch.auto
 import dtwatch.testing
 
 LATE = 1.5

@@ -4,8 +4,6 @@ A small DDP training loop fed by a DataLoader with a DistributedSampler. At the 
 what torch itself says (the default group's sequence number, optimizer steps, ``len(loader)``) and its
 Flight Recorder dump to ``$REC_OUT/rank-<R>.json`` / ``.fr.pkl``, then destroys the process group.
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
-
 import json
 import os
 
@@ -14,6 +12,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 EPOCHS = 2
 

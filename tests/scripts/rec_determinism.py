@@ -4,13 +4,13 @@ Deterministic collectives and 3 DDP steps with fixed seeds; saves every result t
 ``$REC_OUT/rank-<R>.pt``. Run once with dtwatch (``import dtwatch.auto``) and once with
 ``DTWATCH_ENABLED=0``; the test compares the files bitwise.
 """
-import dtwatch.auto  # noqa: F401  (DTWATCH_ENABLED=0 turns it into a no-op)
-
 import os
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtwatch.auto  # noqa: F401  (DTWATCH_ENABLED=0 turns it into a no-op)
 
 
 def main() -> None:

@@ -6,14 +6,14 @@ C++, an object collective and a subgroup. After every phase the worker notes tor
 counter of the group; at the end it writes the notes (``$REC_OUT/rank-<R>.json``) and its Flight
 Recorder dump (``rank-<R>.fr.pkl``).
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group; turns the Flight Recorder on)
-
 import json
 import os
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dtwatch.auto  # noqa: F401  (first: installs before init_process_group; turns the Flight Recorder on)
 
 c10d = dist.distributed_c10d
 STEPS = 3

@@ -7,14 +7,14 @@ After two collectives on the default group:
   either, so both stay in flight until the test SIGKILLs rank 1 and torchrun then SIGTERMs the rest;
 * rank 2 waits; torchrun's SIGTERM makes it raise (its ring must read "exception" with the message).
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
-
 import datetime
 import signal
 import time
 
 import torch
 import torch.distributed as dist
+
+import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 
 class Stopped(RuntimeError):

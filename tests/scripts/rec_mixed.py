@@ -4,13 +4,13 @@ Every recorded call carries a ``# site:<name>`` marker; the test finds the line 
 file. After each call the worker notes torch's own sequence counter of the group (``done``), and at the
 end it writes those notes and its Flight Recorder dump to ``$REC_OUT/rank-<R>.json`` / ``.fr.pkl``.
 """
-import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
-
 import json
 import os
 
 import torch
 import torch.distributed as dist
+
+import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 c10d = dist.distributed_c10d
 NEW_NAMES = hasattr(dist, "all_gather_single")

@@ -7,8 +7,6 @@ The model is a two-layer MLP split column-wise then row-wise across the mesh (DT
 its collectives are issued from C++ (functional collectives), the job's own metric all_reduce and the
 faulty barrier from Python. Before the hang it writes ``<DTWATCH_DIR>/<job>/onset-rank<R>.txt``.
 """
-import dtwatch.auto  # noqa: F401  (first line, as the README says)
-
 import os
 import sys
 import time
@@ -17,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import dtwatch.auto  # noqa: F401  (first line, as the README says)
 
 HANG_STEP = 4
 
