@@ -64,7 +64,9 @@ def rank_summary(s: RankState, now: float) -> dict:
 
 
 def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
-    bundles, rings, events = [], [], []
+    bundles: list[Path] = []
+    rings: list[Path] = []
+    events: list[Path] = []
     for p in paths:
         root = Path(p)
         if root.is_file() and root.suffix == ".ring":
@@ -152,5 +154,7 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         computed.append(strag)
     warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued]
     verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
-    return Analysis(result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
-                    verdict=verdict, live_warnings=len(live))
+    return Analysis(
+        result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
+        verdict=verdict, live_warnings=len(live),
+    )

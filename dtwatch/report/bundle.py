@@ -90,7 +90,7 @@ def summarize_flight_record(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
             data = pickle.load(f)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a damaged or foreign pickle can raise anything
         return None
     entries = [summarize_entry(e) for e in data.get("entries", [])]
     return {"version": data.get("version"), "pg_config": data.get("pg_config"), "entries": entries}

@@ -293,7 +293,8 @@ class Sanitiser:
                 self.hosts[h] = f"node{len(self.hosts)}"
         # A host name is replaced inside free text only when it is long enough not to be an ordinary word.
         words = [h for h in self.hosts if len(h) >= 4]
-        self._host_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")\b") if words else None
+        longest_first = sorted(words, key=len, reverse=True)
+        self._host_re = re.compile(r"\b(" + "|".join(map(re.escape, longest_first)) + r")\b") if words else None
 
     def path(self, path: str) -> str:
         if not path.startswith("/"):
@@ -418,7 +419,9 @@ def capture(src: str | os.PathLike, *, name: str | None = None, relative_to: str
     raw = read_source(src, window=window, now=now)
     states = [trim_state(s, recent) for s in raw.states]
     stacks = {r: trim_stacks(t) for r, t in sorted(raw.stacks.items(), key=lambda kv: int(kv[0]))}
-    frs = {r: trim_flight_record(fr, fr_entries) for r, fr in sorted(raw.flight_records.items(), key=lambda kv: int(kv[0]))}
+    frs = {
+        r: trim_flight_record(fr, fr_entries) for r, fr in sorted(raw.flight_records.items(), key=lambda kv: int(kv[0]))
+    }
     hosts = [s.get("host", "") for s in states] + raw.nodes + [socket.gethostname()]
     san = Sanitiser(relative_to or os.getcwd(), hosts)
     refs = referenced_lines(states, stacks, frs, raw.findings, raw.endings)
