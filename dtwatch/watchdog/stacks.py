@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from dtwatch.record.endings import ending_files  # the rank writes them; one place spells their names
+
 PTRACE_ADVICE = (
     "py-spy could not read the process (ptrace refused). Run the watchdog as the training user or give it "
     "CAP_SYS_PTRACE; in Kubernetes set `shareProcessNamespace: true` on the pod and add the SYS_PTRACE "
@@ -146,12 +148,6 @@ _FATAL_TEXT = {
     "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
     "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
 }
-
-
-def ending_files(run_dir: str, rank: int) -> tuple[str, str]:
-    """Where a rank's faulthandler writes on a fatal signal, and on SIGTERM (see the recorder)."""
-    base = os.path.join(run_dir, "stacks", f"rank-{rank:05d}")
-    return base + ".fatal.txt", base + ".term.txt"
 
 
 def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
