@@ -157,7 +157,7 @@ def write_rings(run_dir: Path, *, odd_rank: int | None, world: int = 4, hang_age
     now = time.time()
     t = now - hang_age - 8 * 0.5
     hang = now - hang_age
-    with mock.patch("dtwatch.ring.time", WriterClock(t - 5.0)):  # the processes started before their first call
+    with mock.patch("dtwatch.ring.writer.time", WriterClock(t - 5.0)):  # the processes started before their first call
         for rank in range(world):
             _write_rank(run_dir, rank, world, odd_rank, t, hang, now)
     return hang
