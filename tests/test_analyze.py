@@ -209,6 +209,7 @@ def test_offline_rings_alone_name_the_rank_in_the_other_collective(tmp_path):
     assert f.kind == "desync" and f.severity == "stall"
     assert f.ranks == [2]
     assert (f.op, f.group, f.seq) == ("all_reduce", "0", SEQ_HANG)
+    assert f.site is not None and f.waiting_site is not None
     assert (f.site["file"], f.site["line"], f.site["function"]) == (TRAIN, LINE_ODD, "evaluate")
     assert f.waiting_ranks == [0, 1, 3]
     assert (f.waiting_op, f.waiting_group, f.waiting_seq) == ("barrier", "0", SEQ_HANG)
