@@ -24,7 +24,8 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
   torch version, backend, restart count, device index, GPU UUID), then live fields at
   ``LIVE_OFFSET`` (``LIVE``: heartbeat time and count, the main thread's current site and innermost
   site and since when, step counter and time of the last step, exit state/code/time/reason, dump
-  request/acknowledge counters, table fill counts).
+  request/acknowledge counters, table fill counts, the signal that makes faulthandler dump stacks, the
+  site ids of the main thread's user frames).
 * **Groups** (``GROUP_SIZE`` = 128 each): process-group name (torch's ``group_name``, the same on every
   rank), description, member count, this rank's rank in the group, where its members lie in the member
   pool, the group's C++ sequence number as last sampled and when it last changed.

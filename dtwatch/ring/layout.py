@@ -47,7 +47,8 @@ class Field:
         if not self.is_array or items is None or items == self.count:
             return f"{self.count}{self.type}" if self.count != 1 else self.type
         unused = (self.count - items) * struct.calcsize("<" + self.type)
-        return (f"{items}{self.type}" if items else "") + f"{unused}x"
+        given = "" if items == 0 else self.type if items == 1 else f"{items}{self.type}"
+        return given + f"{unused}x"
 
     def numpy_type(self) -> tuple[str, str] | tuple[str, str, tuple[int]]:
         if self.type == "s":
@@ -242,12 +243,14 @@ RECORD_EXIT_OFFSET, RECORD_EXIT = RECORD.offset(_EXIT_FIELDS[0]), RECORD.span(_E
 # the reader derives it from the dims.
 NUMEL_FROM_SHAPE = -2
 
-# After the records: a count of entries written (u64), then a ring of SEQ_CLOCK_ENTRIES of these.
+# After the records: a count of entries written, then a ring of SEQ_CLOCK_ENTRIES of SEQ_CLOCK_LAYOUT.
+SEQ_CLOCK_HEAD = Layout(Field("count", "Q"))
+SEQ_CLOCK_COUNT = SEQ_CLOCK_HEAD.struct
 SEQ_CLOCK_LAYOUT = Layout(Field("t", "d"), Field("seq", "Q"), Field("group", "H"), Field("_pad", "x", 6))
 SEQ_CLOCK = SEQ_CLOCK_LAYOUT.struct
 SEQ_CLOCK_DTYPE = SEQ_CLOCK_LAYOUT.dtype
 SEQ_CLOCK_ENTRIES = 4096
-SEQ_CLOCK_BYTES = U64.size + SEQ_CLOCK_ENTRIES * SEQ_CLOCK.size
+SEQ_CLOCK_BYTES = SEQ_CLOCK_HEAD.size + SEQ_CLOCK_ENTRIES * SEQ_CLOCK.size
 
 # Record flags: bits of the call's own here; the op's own (FLAG_OBJECT = 2, FLAG_P2P = 4, FLAG_COALESCED = 8)
 # are in dtwatch.ops, with the table of ops.

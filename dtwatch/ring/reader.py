@@ -34,6 +34,7 @@ from dtwatch.ring.layout import (
     RECORD_SIZE,
     RING_SUFFIX,
     SEQ_CLOCK_BYTES,
+    SEQ_CLOCK_COUNT,
     SEQ_CLOCK_DTYPE,
     SEQ_CLOCK_ENTRIES,
     SITE,
@@ -358,8 +359,9 @@ def _read_seq_clock(data: bytes, seq_clock_off: int) -> np.ndarray:
     """The sequence clock, oldest first (empty in rings written before it existed)."""
     if not seq_clock_off or len(data) < seq_clock_off + SEQ_CLOCK_BYTES:
         return np.empty(0, dtype=SEQ_CLOCK_DTYPE)
-    count = U64.unpack_from(data, seq_clock_off)[0]
-    table = np.frombuffer(data, dtype=SEQ_CLOCK_DTYPE, count=SEQ_CLOCK_ENTRIES, offset=seq_clock_off + U64.size)
+    count = SEQ_CLOCK_COUNT.unpack_from(data, seq_clock_off)[0]
+    table_off = seq_clock_off + SEQ_CLOCK_COUNT.size
+    table = np.frombuffer(data, dtype=SEQ_CLOCK_DTYPE, count=SEQ_CLOCK_ENTRIES, offset=table_off)
     if count <= SEQ_CLOCK_ENTRIES:
         return table[:count].copy()
     start = count % SEQ_CLOCK_ENTRIES  # a ring: oldest first from the next slot to be written

@@ -48,6 +48,7 @@ from dtwatch.ring.layout import (
     RECORD_SIZE,
     SEQ_CLOCK,
     SEQ_CLOCK_BYTES,
+    SEQ_CLOCK_COUNT,
     SEQ_CLOCK_ENTRIES,
     SITE,
     SITE_SIZE,
@@ -163,9 +164,9 @@ class RingWriter:
     def add_seq_time(self, slot: int, seq: int, when: float) -> None:
         """The sequence clock: group ``slot`` was seen at ``seq`` at ``when`` (sampler thread only)."""
         i = self.seq_clock_count % SEQ_CLOCK_ENTRIES
-        SEQ_CLOCK.pack_into(self.mm, self.seq_clock_off + U64.size + i * SEQ_CLOCK.size, when, seq, slot)
+        SEQ_CLOCK.pack_into(self.mm, self.seq_clock_off + SEQ_CLOCK_COUNT.size + i * SEQ_CLOCK.size, when, seq, slot)
         self.seq_clock_count += 1
-        U64.pack_into(self.mm, self.seq_clock_off, self.seq_clock_count)
+        SEQ_CLOCK_COUNT.pack_into(self.mm, self.seq_clock_off, self.seq_clock_count)
 
     def set_group_completed(self, slot: int, seq: int, when: float) -> None:
         """A tracked group's collectives up to ``seq`` have completed (seen at ``when``)."""
