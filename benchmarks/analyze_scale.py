@@ -56,6 +56,7 @@ from dtwatch.ring import (
     RingWriter,
     ring_filename,
 )
+from dtwatch.ring import writer as ringwriter
 
 NO_GROUP = 0xFFFF
 TARGET_S = 10.0
@@ -147,7 +148,7 @@ def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culpri
     world = list(range(ranks))
     # The writer stamps the process start (and group creation) with its clock: make it the job's start,
     # not the moment the benchmark writes the file.
-    with mock.patch.object(ringfmt, "time", _Clock(t_start - 30.0)):
+    with mock.patch.object(ringwriter, "time", _Clock(t_start - 30.0)):
         for rank in range(ranks):
             _write_rank(run_dir, rank, ranks, world, records, capacity, culprit, site_lines=lines, funcs=funcs,
                         train=train, t_start=t_start, step_period=step_period, n_steps=n_steps, now=now)

@@ -102,10 +102,10 @@ def main() -> int:
 
 
 def _seq_clock_off(path: Path) -> int:
-    from dtwatch.ring import _STATIC
+    from dtwatch.ring.layout import STATIC
 
     with open(path, "rb") as f:
-        return _STATIC.unpack_from(f.read(_STATIC.size), 0)[14]
+        return STATIC.unpack(f.read(STATIC.size))["seq_clock_off"]
 
 
 if __name__ == "__main__":
