@@ -148,7 +148,8 @@ def run_one(sc: Scenario, *, window: float, work: Path, capture_dir: Path | None
     onset = onset_time(run_dir)
     detected = bundles[0][0].get("detected") if bundles else None
     verdict = judge(findings, truth)
-    first = (stall_findings(findings) or [None])[0]
+    stalls = stall_findings(findings)
+    first = stalls[0] if stalls else None
     result = {
         "name": sc.name, "truth": truth, "exit_code": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 1),
         "onset": onset, "detected": detected,
@@ -208,7 +209,7 @@ def table(results: list[dict]) -> str:
         lat = f"{r['latency_s']:.1f}s" if r.get("latency_s") is not None else "-"
         rows.append((r["name"], _truth_cell(r["truth"]), _finding_cell(r), *marks, lat))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     right = sum(r["right"] for r in results)
     lines.append(f"\n{right}/{len(results)} scenarios fully right "

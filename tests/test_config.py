@@ -125,7 +125,8 @@ def test_environment_values_are_parsed(dtwatch_env):
         "DTWATCH_RING_RECORDS": "1024", "DTWATCH_WATCHDOG": "OFF", "DTWATCH_TORCH_ENV": "no",
         "DTWATCH_STACK_SIGNAL": "usr1", "DTWATCH_SAMPLE_INTERVAL": "0.25",
     })
-    assert (config.ring_records, config.watchdog, config.torch_env, config.sample_interval) == (1024, "off", False, 0.25)
+    got = (config.ring_records, config.watchdog, config.torch_env, config.sample_interval)
+    assert got == (1024, "off", False, 0.25)
     assert config.stack_signal == int(signal.SIGUSR1)
 
 
