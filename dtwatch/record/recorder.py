@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtwatch import paths
 from dtwatch import ring as ringfmt
 from dtwatch.config import Config, run_dir
 from dtwatch.ops import NOTHING, OBJECT, OP_KINDS, P2P_OPS, TENSOR, OpSpec, bind
@@ -421,7 +422,7 @@ class Recorder:
             if signal.getsignal(sig) not in (signal.SIG_DFL, None):
                 log.warning("dtwatch: signal %s already has a handler; faulthandler stack dumps are off", sig)
                 return
-            path = os.path.join(self.run_dir, "stacks", f"rank-{dist.get_rank():05d}.txt")
+            path = paths.stack_file(self.run_dir, dist.get_rank())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self.stack_file = open(path, "a", buffering=1)
             faulthandler.register(sig, file=self.stack_file, all_threads=True, chain=False)
@@ -435,12 +436,10 @@ class Recorder:
         (SIGABRT from a gloo size check, SIGSEGV) and the Python stack to one file, and a SIGTERM (the
         launcher tearing the job down) to another, from C signal handlers that run even while the main
         thread is blocked in a collective. SIGTERM is chained to the handler that was there before."""
-        from dtwatch.watchdog.stacks import ending_files
-
         if faulthandler.is_enabled():
             return  # the user's own faulthandler already reports fatal signals; leave it alone
         try:
-            fatal, term = ending_files(self.run_dir, dist.get_rank())
+            fatal, term = paths.ending_files(self.run_dir, dist.get_rank())
             os.makedirs(os.path.dirname(fatal), exist_ok=True)
             self.ending_files = [open(fatal, "w"), open(term, "w")]
             faulthandler.enable(file=self.ending_files[0], all_threads=True)
@@ -805,7 +804,7 @@ def _apply_env(rec: Recorder) -> None:
         return
     from dtwatch.record.torchenv import apply_torch_env
 
-    prefix = os.path.join(rec.run_dir, "fr", "torch-fr-rank-")
+    prefix = paths.torch_fr_prefix(rec.run_dir)
     initialised = dist.is_initialized()
     changes = apply_torch_env(rec.config.fr_buffer_size, prefix)
     if initialised and changes:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dtwatch.diagnose.state import Call, RankState, from_snapshot
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -173,7 +174,7 @@ def read_bundles(dirs: list[Path]) -> Raw:
         if index.get("onset") is not None:
             raw.onset = float(index["onset"]) if raw.onset is None else min(raw.onset, float(index["onset"]))
         findings_file = b / "findings.json"
-        for f in (_read_json(findings_file) if findings_file.is_file() else index.get("findings", [])):
+        for f in (bundle_findings(b) if findings_file.is_file() else index.get("findings", [])):
             if f not in raw.findings:
                 raw.findings.append(f)
         for rf in sorted((b / "ranks").glob("rank-*.json")):

@@ -65,6 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dtwatch import paths
+
 MAGIC = b"DTWRING\0"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no user_site (read as site)
@@ -81,12 +83,12 @@ DEFAULT_SITES = 1024
 DEFAULT_LOADERS = 64
 DEFAULT_MEMBERS = 16384
 
-RING_SUFFIX = ".ring"
+RING_SUFFIX = paths.RING_SUFFIX
 
 
 def ring_filename(rank: int) -> str:
     """File name of the ring of global ``rank`` inside a run directory."""
-    return f"rank-{rank:05d}{RING_SUFFIX}"
+    return paths.ring_name(rank)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -757,7 +759,7 @@ def _normalize(recs: np.ndarray) -> None:
 def find_rings(directory: str | os.PathLike) -> list[Path]:
     """Ring files directly inside a run directory, by rank order."""
     d = Path(directory)
-    return sorted(p for p in d.glob(f"rank-*{RING_SUFFIX}") if p.is_file())
+    return sorted(p for p in d.glob(paths.RING_GLOB) if p.is_file())
 
 
 def read_rings(paths: Iterable[str | os.PathLike]) -> list[RankSnapshot]:
