@@ -1,7 +1,9 @@
-"""Configuration of the recorder: arguments, DTWATCH_* environment, and torch's diagnostics variables.
+"""Configuration of the recorder and the watchdog: arguments, DTWATCH_* environment, and torch's diagnostics
+variables.
 
-Arguments are validated strictly (:class:`dtwatch.ConfigError`); environment values are refused with
-one warning and replaced by the default; an argument beats the environment. dtwatch sets torch's
+Arguments are validated strictly (:class:`dtwatch.ConfigError`; on the command line an argparse error naming
+the flag, exit status 2); environment values are refused with one warning and replaced by the default; an
+argument beats the environment. dtwatch sets torch's
 Flight Recorder / async-error variables only where the user did not, and says so.
 """
 from __future__ import annotations
@@ -15,7 +17,9 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
-from dtwatch.config import Config
+from dtwatch.cli import RUN_DEFAULTS
+from dtwatch.config import Config, WatchOptions, default_job_id, enabled, job_store_address
+from dtwatch.paths import EXIT_USAGE
 from dtwatch.record import recorder
 from dtwatch.record.torchenv import apply_torch_env
 from tests.conftest import init_world1
@@ -125,7 +129,8 @@ def test_environment_values_are_parsed(dtwatch_env):
         "DTWATCH_RING_RECORDS": "1024", "DTWATCH_WATCHDOG": "OFF", "DTWATCH_TORCH_ENV": "no",
         "DTWATCH_STACK_SIGNAL": "usr1", "DTWATCH_SAMPLE_INTERVAL": "0.25",
     })
-    assert (config.ring_records, config.watchdog, config.torch_env, config.sample_interval) == (1024, "off", False, 0.25)
+    assert (config.ring_records, config.watchdog, config.torch_env, config.sample_interval) == \
+        (1024, "off", False, 0.25)
     assert config.stack_signal == int(signal.SIGUSR1)
 
 
@@ -199,3 +204,110 @@ def test_install_after_init_warns_naming_unapplied_settings(dtwatch_env, monkeyp
     dist.all_reduce(torch.ones(1))
     snap = dtwatch.read_ring(dtwatch_env / "rank-00000.ring")
     assert [r.op for r in snap.records_list()] == ["all_reduce"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The watchdog's options: the same model (argument > DTWATCH_* > default) and the same policy
+# ---------------------------------------------------------------------------------------------------
+def watch_opts(argv: list[str], environ: dict[str, str]):
+    from dtwatch.cli import build_parser
+    from dtwatch.config import watch_options
+
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if k in WatchOptions.__dataclass_fields__}
+    return watch_options(given, environ=environ, defaults=RUN_DEFAULTS if argv[0] == "run" else None)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "field", "allowed"),
+    [
+        ("DTWATCH_STALL_WINDOW", "soon", "stall_window", "seconds from 0.5 to 86400"),
+        ("DTWATCH_STALL_WINDOW", "0.1", "stall_window", "seconds from 0.5 to 86400"),
+        ("DTWATCH_METRICS_PORT", "70000", "metrics_port", "a port from 0 to 65535 (0 = any free port) or 'off'"),
+        ("DTWATCH_FAIL_FAST", "maybe", "fail_fast", "1/0, true/false"),
+        ("DTWATCH_CONSOLE", "tty", "console", "'auto', 'stderr' or 'off'"),
+        ("DTWATCH_IDLE_EXIT", "-1", "idle_exit", "seconds from 0 to 3.1536e+07"),
+        ("DTWATCH_RANK_WAIT", "forever", "rank_wait", "seconds from 0 to 3.1536e+07"),
+        ("DTWATCH_STORE", "master", "store", "HOST:PORT or 'none'"),
+        ("DTWATCH_NODE", "a/b", "node", "a node name without '/'"),
+        ("DTWATCH_JOB_ID", "bad/id", "job_id", "1-128 characters from A-Z a-z 0-9 . _ -"),
+    ],
+)
+def test_bad_watchdog_environment_value_warns_once_and_uses_default(caplog, var, value, field, allowed):
+    with caplog.at_level(logging.WARNING, logger="dtwatch"):
+        opts = watch_opts(["watch", "--job-id", "j"] if field != "job_id" else ["watch"], {var: value})
+    (warning,) = dtwatch_warnings(caplog)
+    assert var in warning and repr(value) in warning and allowed in warning
+    if field == "job_id":
+        assert opts.job_id == default_job_id({})
+    else:
+        assert getattr(opts, field) == getattr(WatchOptions(job_id="j"), field)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "allowed"),
+    [
+        (["watch", "--stall-window", "soon"], "--stall-window", "seconds from 0.5 to 86400"),
+        (["watch", "--metrics-port", "http"], "--metrics-port", "a port from 0 to 65535"),
+        (["watch", "--console", "tty"], "--console", "'auto', 'stderr' or 'off'"),
+        (["watch", "--store", "master"], "--store", "HOST:PORT or 'none'"),
+        (["watch", "--poll-interval", "0"], "--poll-interval", "seconds from 0.05 to 60"),
+        (["run", "--fail-fast-grace", "1000", "--", "true"], "--fail-fast-grace", "seconds from 0 to 600"),
+    ],
+)
+def test_bad_watchdog_argument_is_a_usage_error_naming_the_flag(capsys, argv, flag, allowed):
+    from dtwatch.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and allowed in err and repr(argv[2]) in err
+
+
+def test_watchdog_argument_beats_environment_beats_default(caplog):
+    env = {"DTWATCH_STALL_WINDOW": "30", "DTWATCH_METRICS_PORT": "off", "DTWATCH_CONSOLE": "sometimes",
+           "DTWATCH_FAIL_FAST": "1", "DTWATCH_IDLE_EXIT": "7", "DTWATCH_NODE": "n7", "DTWATCH_JOB_ID": "from-env"}
+    with caplog.at_level(logging.WARNING, logger="dtwatch"):
+        opts = watch_opts(["watch", "--stall-window", "12", "--console", "off"], env)
+    assert dtwatch_warnings(caplog) == []  # DTWATCH_CONSOLE is bad, but the argument wins: not even read
+    assert (opts.stall_window, opts.console) == (12.0, "off")  # arguments
+    assert (opts.metrics_port, opts.fail_fast, opts.idle_exit, opts.node, opts.job_id) == \
+        (None, True, 7.0, "n7", "from-env")  # environment
+    assert (opts.rank_wait, opts.window_floor, opts.poll_interval) == (3600.0, 20.0, 1.0)  # defaults
+
+
+def test_run_has_its_own_defaults_and_reads_the_same_environment():
+    opts = watch_opts(["run", "--", "true"], {})
+    assert (opts.job_id, opts.metrics_port, opts.console) == ("", 0, "stderr")
+    opts = watch_opts(["run", "--", "true"], {"DTWATCH_METRICS_PORT": "9999", "DTWATCH_CONSOLE": "auto"})
+    assert (opts.metrics_port, opts.console) == (9999, "auto")
+    opts = watch_opts(["run", "--metrics-port", "off", "--", "true"], {"DTWATCH_METRICS_PORT": "9999"})
+    assert opts.metrics_port is None
+
+
+def test_bad_watch_options_in_code_raise_config_error():
+    with pytest.raises(dtwatch.ConfigError) as exc:
+        WatchOptions(job_id="j", stall_window=0.0)
+    assert "stall_window=0.0" in str(exc.value) and "seconds from 0.5 to 86400" in str(exc.value)
+
+
+def test_job_store_address():
+    assert job_store_address("h:29500", {}) == ("h", 29500)
+    assert job_store_address("", {"MASTER_ADDR": "m", "MASTER_PORT": "1234"}) == ("m", 1234)
+    assert job_store_address("none", {"MASTER_ADDR": "m", "MASTER_PORT": "1234"}) is None
+    assert job_store_address("", {}) is None
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("off", False), ("1", True), ("", True)])
+def test_dtwatch_enabled(caplog, value, on):
+    with caplog.at_level(logging.WARNING, logger="dtwatch"):
+        assert enabled({"DTWATCH_ENABLED": value}) is on
+    assert dtwatch_warnings(caplog) == []
+
+
+def test_malformed_dtwatch_enabled_warns_and_stays_on(caplog):
+    with caplog.at_level(logging.WARNING, logger="dtwatch"):
+        assert enabled({"DTWATCH_ENABLED": "perhaps"}) is True
+    (warning,) = dtwatch_warnings(caplog)
+    assert "DTWATCH_ENABLED" in warning and "1/0, true/false" in warning
