@@ -90,7 +90,7 @@ def _first_findings(job: Job, timeout: float) -> dict:
             except (OSError, json.JSONDecodeError):
                 continue
             index["_path"] = str(index_path.parent)
-            # findings.json is written before index.json; both are rewritten once the evidence is in.
+            # findings.json is written (once) before index.json; index.json is rewritten once the evidence is in.
             index["_on_disk"] = min(findings_mtime, index_mtime)
             index["_seen_complete"] = bool(index.get("evidence_complete"))
             return index

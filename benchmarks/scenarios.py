@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.report.capture import capture, write_fixture
 from dtwatch.watchdog.proctree import descendants
 from tests.scenarios.catalog import HERE as SCENARIO_DIR
@@ -84,9 +85,8 @@ def read_bundles(run_dir: Path) -> list[tuple[dict, Path]]:
     for index_file in run_dir.glob("incidents/*/*/index.json"):
         try:
             index = json.loads(index_file.read_text())
-            findings_file = index_file.parent / "findings.json"
-            if findings_file.exists():
-                index["findings"] = json.loads(findings_file.read_text())
+            if (index_file.parent / "findings.json").exists():
+                index["findings"] = bundle_findings(index_file.parent)
         except (OSError, ValueError):
             continue
         out.append((index, index_file.parent))

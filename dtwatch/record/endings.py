@@ -21,18 +21,19 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
+from dtwatch import paths
+
 log = logging.getLogger("dtwatch")
 
 
 def stack_dump_file(run_dir: str, rank: int) -> str:
-    """Where faulthandler appends a rank's stacks on the stack signal."""
-    return os.path.join(run_dir, "stacks", f"rank-{rank:05d}.txt")
+    """Where the stack-dump signal writes the rank's Python stacks."""
+    return paths.stack_file(run_dir, rank)
 
 
 def ending_files(run_dir: str, rank: int) -> tuple[str, str]:
     """Where a rank's faulthandler writes on a fatal signal, and on SIGTERM."""
-    base = os.path.join(run_dir, "stacks", f"rank-{rank:05d}")
-    return base + ".fatal.txt", base + ".term.txt"
+    return paths.ending_files(run_dir, rank)
 
 
 def exception_summary(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dtwatch import paths
 from dtwatch.config import Config
 from dtwatch.ops import OP_KINDS, bind
 from dtwatch.record.state import Recorder
@@ -137,7 +138,7 @@ def _apply_env(rec: Recorder) -> None:
         return
     from dtwatch.record.torchenv import apply_torch_env
 
-    prefix = os.path.join(rec.run_dir, "fr", "torch-fr-rank-")
+    prefix = paths.torch_fr_prefix(rec.run_dir)
     initialised = dist.is_initialized()
     changes = apply_torch_env(rec.config.fr_buffer_size, prefix)
     if initialised and changes:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from dtwatch import paths
 from dtwatch.record.callsite import SiteTable
 from dtwatch.ring import MAIN_STACK_DEPTH, RingWriter
 
@@ -208,7 +209,7 @@ def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
         merged = dict(merged)
         merged["entries"] = [e for d in dumps for e in (d.get("entries") or [])]
     data = pickle.dumps(merged)
-    path = os.path.join(run_dir, "fr", f"rank-{rank:05d}.{request}.pkl")
+    path = paths.flight_record_file(run_dir, rank, request)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.ring import RingFormatError, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -74,10 +76,10 @@ def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
             continue
         for dirpath, _dirs, files in os.walk(root):
             d = Path(dirpath)
-            if "index.json" in files and "findings.json" in files:
+            if BUNDLE_INDEX in files and BUNDLE_FINDINGS in files:
                 bundles.append(d)
-            rings.extend(d / f for f in files if f.endswith(".ring"))
-            events.extend(d / f for f in files if f.startswith("events-") and f.endswith(".jsonl"))
+            rings.extend(d / f for f in files if f.endswith(RING_SUFFIX))
+            events.extend(d / f for f in files if is_events_file(f))
     return sorted(set(bundles)), sorted(set(rings)), sorted(set(events))
 
 
@@ -108,11 +110,11 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     verdicts: set[str] = set()
     now = 0.0
     for b in bundle_dirs:
-        index = json.loads((b / "index.json").read_text())
+        index = json.loads((b / BUNDLE_INDEX).read_text())
         now = max(now, float(index.get("detected", 0)))
         if index.get("verdict"):
             verdicts.add(str(index["verdict"]))
-        for f in json.loads((b / "findings.json").read_text()):
+        for f in bundle_findings(b):
             fd = Finding.from_dict(f)
             findings.setdefault(fd.key(), fd)
         for rf in sorted((b / "ranks").glob("rank-*.json")):

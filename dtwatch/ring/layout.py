@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from dtwatch import paths
+
 # struct code -> numpy type of one item ("s": bytes, "x": padding are sized by the field's count).
 _NUMPY_TYPES = {"B": "u1", "H": "<u2", "I": "<u4", "i": "<i4", "Q": "<u8", "q": "<i8", "d": "<f8"}
 
@@ -145,12 +147,12 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no user_site (read as site)
 HEADER_SIZE = 4096
 LIVE_OFFSET = 512  # where the live part of the header starts
-RING_SUFFIX = ".ring"
+RING_SUFFIX = paths.RING_SUFFIX
 
 
 def ring_filename(rank: int) -> str:
     """File name of the ring of global ``rank`` inside a run directory."""
-    return f"rank-{rank:05d}{RING_SUFFIX}"
+    return paths.ring_name(rank)
 
 
 # Written once, at offset 0.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dtwatch import paths
 from dtwatch.ops import OPS
 from dtwatch.ring.layout import (
     DTYPE_ITEMSIZE,
@@ -32,7 +33,6 @@ from dtwatch.ring.layout import (
     READABLE_VERSIONS,
     RECORD_DTYPE,
     RECORD_SIZE,
-    RING_SUFFIX,
     SEQ_CLOCK_BYTES,
     SEQ_CLOCK_COUNT,
     SEQ_CLOCK_DTYPE,
@@ -384,7 +384,7 @@ def _normalize(recs: np.ndarray) -> None:
 def find_rings(directory: str | os.PathLike) -> list[Path]:
     """Ring files directly inside a run directory, by rank order."""
     d = Path(directory)
-    return sorted(p for p in d.glob(f"rank-*{RING_SUFFIX}") if p.is_file())
+    return sorted(p for p in d.glob(paths.RING_GLOB) if p.is_file())
 
 
 def read_rings(paths: Iterable[str | os.PathLike]) -> list[RankSnapshot]:
