@@ -154,6 +154,9 @@ def _watch_options(args: argparse.Namespace, *, for_run: bool):
         return opts
     opts["node"] = args.node or os.environ.get("DTWATCH_NODE") or socket.gethostname()
     opts["store"] = args.store if args.store is not None else os.environ.get("DTWATCH_STORE", "")
+    opts["serve_store"] = args.serve_store
+    if args.store_interval is not None:
+        opts["store_interval"] = args.store_interval
     idle = args.idle_exit if args.idle_exit is not None else _env_float("DTWATCH_IDLE_EXIT", 30.0, 0, 86400 * 365)
     opts["idle_exit"] = idle
     opts["rank_wait"] = args.rank_wait if args.rank_wait is not None else _env_float("DTWATCH_RANK_WAIT", 3600.0, 0, 86400 * 365)
@@ -266,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None,
                    help="HOST:PORT of the job's c10d store for cross-node comparison, or 'none' "
                         "(env DTWATCH_STORE; default: MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--serve-store", action="store_true",
+                   help="serve a TCPStore for dtwatch's exchange at --store's port on this node, so that its traffic "
+                        "stays off the job's own store (give every node's watchdog the same --store HOST:PORT)")
+    p.add_argument("--store-interval", type=_seconds(0.1, 600), default=None,
+                   help="seconds between cross-node exchanges while a rank is in a collective, 5x that otherwise "
+                        "(default 2)")
     p.add_argument("--idle-exit", type=_seconds(0, 86400 * 365), default=None,
                    help="exit when all ranks are gone and nothing new appeared for this many seconds; 0 = never (env DTWATCH_IDLE_EXIT; default 30)")
     p.add_argument("--rank-wait", type=_seconds(0, 86400 * 365), default=None,

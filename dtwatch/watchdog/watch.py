@@ -91,6 +91,9 @@ class WatchOptions:
     otlp_endpoint: str = ""
     heartbeat_stale: float | None = None
     store_interval: float = 2.0
+    """Seconds between cross-node exchanges while a rank is in a collective (5x that otherwise)."""
+    serve_store: bool = False
+    """Serve a TCPStore for dtwatch's exchange at ``store``'s port on this node (traffic off the job's store)."""
 
     @property
     def run_dir(self) -> str:
@@ -140,7 +143,6 @@ class Watchdog:
         self.exporters: list = []
         self.webhook = None
         self.store = None
-        self.store_last = 0.0
         self.remote: list[RankState] = []
         self.failed_fast = False
         self.stop_event = threading.Event()
@@ -225,9 +227,10 @@ class Watchdog:
         )
         if store and store != "none":
             host, _, port = store.rpartition(":")
-            from dtwatch.watchdog.exchange import JobStore
+            from dtwatch.watchdog.exchange import Exchange
 
-            self.store = JobStore(host, int(port), opts.job_id, opts.node)
+            self.store = Exchange(host, int(port), opts.job_id, opts.node, interval=opts.store_interval,
+                                  serve=opts.serve_store)
         ready_path = os.path.join(self.run_dir, f"watchdog-{opts.node}.json")
         try:
             ready = json.loads(Path(ready_path).read_text()) if self.metrics_server is not None else {}
@@ -283,6 +286,8 @@ class Watchdog:
         self.launcher_gone.set()  # the next poll acts on it
 
     def shutdown(self) -> None:
+        if self.store is not None:
+            self.store.close()  # hands the aggregator's lease back at once
         for exp in self.exporters:
             try:
                 exp.shutdown()
@@ -444,14 +449,10 @@ class Watchdog:
         world = local[0].world_size
         if len(local) >= world:
             return  # every rank is on this node
-        suspicious = any(s.open_calls for s in local)
-        interval = self.opts.store_interval if suspicious or self.incident else self.opts.store_interval * 5
-        if now - self.store_last < interval:
-            return
-        self.store_last = now
-        try:
-            self.store.publish(local)
-            self.remote = self.store.fetch()
+        try:  # at most every store_interval (x5 while no rank is in a collective); see exchange.Exchange.step
+            view = self.store.step(local, now, window=self.window.value, incident=self.incident, warnings=self.warnings)
+            if view is not None:
+                self.remote = view.remote_states()
         except Exception as exc:  # noqa: BLE001
             if self.health.errors.get("store", 0) == 0:
                 log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",
