@@ -6,7 +6,7 @@ and decides which ranks every node's diagnosis must see (:func:`select_ranks`):
 * a small job (up to :data:`FULL_VIEW_RANKS` ranks): all of them, so every node diagnoses as if it had
   read every other node;
 * a large job: none while it progresses and nothing stands out; once nothing anywhere has progressed
-  for a while (*suspect*), or loaders differ, or a finding names ranks: the ranks that stand out (a
+  for a while (*suspect*), a rank ended, loaders differ or a finding names ranks: the ranks that stand out (a
   place - state, call, loader lengths, sequence numbers - shared by few ranks is shipped whole), the
   ranks the findings name, and exemplars of the common places in proportion to their sizes, so that a
   majority stays a majority in what the nodes compare.
@@ -21,13 +21,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from dtwatch.watchdog.summary import BLOCKED, RankDigest
+from dtwatch.watchdog.summary import BLOCKED, GONE, RankDigest
 
 FULL_VIEW_RANKS = 64  # jobs up to this many ranks: every node sees every rank
 SMALL_PLACE = 8  # a place shared by at most this many ranks is shipped whole (they stand out)
 VIEW_EXEMPLARS = 32  # ranks of the common places shipped, in proportion to how many ranks share each
 MAX_VIEW_RANKS = 160  # never more ranks than this in the body of a large job
 NAMED_KEPT = 32  # ranks named by findings that are shipped
+ENDED_KEPT = 8  # of the ranks that ended, the first ones shipped (besides the exemplars of their places)
 SUSPECT_QUIET = 5.0  # seconds without progress anywhere before the ranks are shipped (at most a quarter of the window)
 SLOW_FACTOR = 5  # healthy and quiet: exchange this many times less often
 
@@ -70,11 +71,14 @@ def select_ranks(digests: list[RankDigest], now: float, window: float, named: It
     for d in digests:
         by_loaders[d.loaders].append(d.rank)
     uneven = len(by_loaders) > 1
-    if not (suspect or uneven or chosen):
+    ended = sorted((d.ending[2], d.rank) for d in digests if d.state == GONE and d.ending is not None)
+    if not (suspect or ended or uneven or chosen):
         return Selection([], total, suspect, quiet, blocked)
+    # A rank that ended is diagnosed at once (no window): the first ones to end are shipped.
+    chosen.update(r for _t, r in ended[:ENDED_KEPT])
     places: dict[tuple, list[int]] = defaultdict(list)
     for d in digests:
-        places[d.position() if suspect else (d.loaders,)].append(d.rank)
+        places[d.position() if suspect or ended else (d.loaders,)].append(d.rank)
     for rank in _proportional(places, total):
         chosen.add(rank)
     return Selection(sorted(chosen), total, suspect, quiet, blocked)

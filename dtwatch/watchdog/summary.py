@@ -41,13 +41,17 @@ class _Sites:
 
     def __init__(self) -> None:
         self.table: list[dict] = []
-        self.index: dict[str, int] = {}
+        self.index: dict[object, int] = {}
 
     def ref(self, site: dict | None) -> int:
         if site is None:
             return -1
-        key = json.dumps(site, sort_keys=True)
-        i = self.index.get(key)
+        try:
+            key: object = tuple(sorted(site.items()))
+            i = self.index.get(key)
+        except TypeError:  # an unhashable value
+            key = json.dumps(site, sort_keys=True)
+            i = self.index.get(key)
         if i is None:
             i = self.index[key] = len(self.table)
             self.table.append(site)
@@ -71,6 +75,8 @@ def encode_members(members: list[int] | None) -> list[list[int]] | None:
     """Sorted member lists as runs ``[start, stop, step]`` (a 1,024-node job's world group is one run)."""
     if members is None:
         return None
+    if members and members == list(range(members[0], members[0] + len(members))):
+        return [[members[0], members[0] + len(members), 1]]  # the common case, at C speed
     runs: list[list[int]] = []
     for m in members:
         if runs:
@@ -202,17 +208,22 @@ class RankDigest:
 
     rank: int
     state: str  # BLOCKED | OUTSIDE | GONE
-    wait: tuple | None  # (group, seq, op, fingerprint, "file:line") of the call it waits in
+    wait: tuple | None  # (group, group size, seq, op, fingerprint, "file:line") of the call it waits in
     last_activity: float
     heartbeat: float
     step: int
     loaders: tuple[int, ...]  # lengths of its data loaders
-    # per group: (group, seq issued so far, seq of its last Python-issued call, when it entered that call)
-    groups: tuple[tuple[str, int, int, float], ...]
+    # per group: (group, group size, seq issued so far, seq of its last Python-issued call, when it entered that call)
+    groups: tuple[tuple[str, int, int, int, float], ...]
+    ending: tuple[str, str, float] | None = None  # a rank that ended: (exit state, reason, when)
 
     def position(self) -> tuple:
-        """What ranks in the same place share (the class the aggregator counts)."""
-        return (self.state, self.wait, self.loaders, tuple((g, seq) for g, seq, _py, _t in self.groups))
+        """What ranks in the same place share (the class the aggregator counts). Groups are told apart by
+        size, not name: every node's tensor-parallel group has a name of its own, and ranks waiting in the
+        same line of theirs are in the same place."""
+        wait = self.wait[1:] if self.wait is not None else None
+        return (self.state, wait, self.loaders, tuple(sorted((size, seq) for _g, size, seq, _py, _t in self.groups)),
+                self.ending[:2] if self.ending else None)
 
 
 def _site_key(site: dict | None) -> str:
@@ -229,11 +240,14 @@ def digest(node: str, states: list[RankState], now: float, *, state_time: float 
         p = pos[s.rank]
         state = GONE if p.state == "gone" else BLOCKED if p.call is not None and p.state != "gone" else OUTSIDE
         c = p.call if state == BLOCKED else None
-        wait = [c.group, c.seq, c.op, c.fingerprint, _site_key(c.user_site or c.site)] if c is not None else None
-        groups = [[g.name, g.seq, g.recent[-1].seq, _t(g.recent[-1].t_enter, now)] if g.recent else
-                  [g.name, g.seq, 0, None] for g in s.groups.values()]
+        size = {g.name: len(g.members) if g.members else 0 for g in s.groups.values()}
+        wait = [c.group, size.get(c.group, 0), c.seq, c.op, c.fingerprint, _site_key(c.user_site or c.site)] \
+            if c is not None else None
+        groups = [[g.name, size[g.name], g.seq, g.recent[-1].seq, _t(g.recent[-1].t_enter, now)] if g.recent else
+                  [g.name, size[g.name], g.seq, 0, None] for g in s.groups.values()]
+        ending = [s.exit_state, s.exit_reason[:80], _t(s.exit_time or s.last_activity, now)] if state == GONE else None
         rows.append([s.rank, state, wait, _t(s.last_activity, now), _t(s.heartbeat_time, now), s.step,
-                     [ld.get("length") or 0 for ld in s.loaders], groups])
+                     [ld.get("length") or 0 for ld in s.loaders], groups, ending])
     doc = {"format": FORMAT, "node": node, "time": now, "state": state_time, "ranks": rows}
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
 
@@ -252,7 +266,8 @@ def decode_digests(data: bytes) -> NodeDigest:
     out = [
         RankDigest(rank=r, state=state, wait=tuple(wait) if wait is not None else None,
                    last_activity=_ut(la, base), heartbeat=_ut(hb, base), step=step, loaders=tuple(loaders),
-                   groups=tuple((g, seq, py, _ut(te, base)) for g, seq, py, te in groups))
-        for r, state, wait, la, hb, step, loaders, groups in doc["ranks"]
+                   groups=tuple((g, size, seq, py, _ut(te, base)) for g, size, seq, py, te in groups),
+                   ending=(ending[0], ending[1], _ut(ending[2], base)) if ending else None)
+        for r, state, wait, la, hb, step, loaders, groups, ending in doc["ranks"]
     ]
     return NodeDigest(str(doc["node"]), base, doc.get("state"), out)
