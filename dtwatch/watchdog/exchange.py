@@ -252,7 +252,7 @@ class Exchange:
         self.last = now
         try:
             self._publish(local, now)
-            if self.role == AGGREGATOR and self.heartbeat is not None and self.heartbeat.lost:
+            if self.role == AGGREGATOR and not self._still_holds():
                 log.info("dtwatch: another node took over the aggregation of %s; following it", self.job_id)
                 self._follow_from_now()
             if self.role == FOLLOWER:
@@ -277,6 +277,14 @@ class Exchange:
         self.role, self.index, self.view_ready, self.want_me = FOLLOWER, None, False, True
         self.lease_watch.reset()
         self.ready.clear()
+
+    def _still_holds(self) -> bool:
+        """Whether the lease is still this node's (a paused aggregator may have been replaced meanwhile)."""
+        if self.heartbeat is None or self.heartbeat.lost:
+            return False
+        seen = Lease.decode(self.client.get(self._k("lease")))
+        mine = self.heartbeat.lease
+        return seen is not None and (seen.holder, seen.term) == (mine.holder, mine.term)
 
     def _follow_from_now(self) -> None:
         if self.heartbeat is not None:
