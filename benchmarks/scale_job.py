@@ -4,7 +4,8 @@ N nodes of 8 ranks each run the same loop on one clock (a step every ``period`` 
 few milliseconds off the others): a DataLoader (``train.py:70``), two tensor-parallel all_gathers in the
 node's own group (``model.py:41``, ``model.py:44``), the gradient all_reduce in the world group overlapping
 the backward pass (``model.py:120``) and the loss all_reduce (``train.py:88``), then a step marker. A rank
-spends most of a step inside a collective, as a GPU job whose collectives stay in flight does.
+is always inside some collective, as a GPU job whose collectives stay in flight is: every node's
+watchdog exchanges at the fast cadence.
 
 :meth:`SimJob.hang` makes one rank stop in its DataLoader at the start of a step: its node's other
 ranks wait in the first all_gather of that step, every other rank in the gradient all_reduce, and
@@ -26,10 +27,10 @@ SITES = {
 }
 # (name, group "tp"/"world", op, fingerprint, enter, leave) as fractions of a step
 CALLS = [
-    ("tp1", "tp", "all_gather_into_tensor", "all_gather_into_tensor[bfloat16:4096x1024]", 0.05, 0.10),
-    ("tp2", "tp", "all_gather_into_tensor", "all_gather_into_tensor[bfloat16:4096x1024]", 0.20, 0.25),
-    ("grad", "world", "all_reduce", "all_reduce[bfloat16:25165824]", 0.30, 0.92),
-    ("loss", "world", "all_reduce", "all_reduce[float32:1]", 0.94, 0.97),
+    ("tp1", "tp", "all_gather_into_tensor", "all_gather_into_tensor[bfloat16:4096x1024]", 0.00, 0.12),
+    ("tp2", "tp", "all_gather_into_tensor", "all_gather_into_tensor[bfloat16:4096x1024]", 0.12, 0.28),
+    ("grad", "world", "all_reduce", "all_reduce[bfloat16:25165824]", 0.28, 0.92),
+    ("loss", "world", "all_reduce", "all_reduce[float32:1]", 0.92, 1.00),
 ]
 PER_STEP = {"tp": 2, "world": 2}
 RECENT = 16

@@ -205,7 +205,8 @@ class Exchange:
         self.role = FOLLOWER
         self.index: int | None = None
         self.head: ViewHead | None = None
-        self.last = float("-inf")
+        self.last = float("-inf")  # when this node last exchanged (published)
+        self.last_read = float("-inf")  # when it last read the view
         self.lease_watch = LeaseWatch()
         self.view_ready = False
         self.want_me = True  # publish the state until a head says otherwise
@@ -242,15 +243,25 @@ class Exchange:
     def step(self, local: list[RankState], now: float, *, window: float, incident: dict | None = None,
              warnings: Iterable[Any] = ()) -> View | None:
         """Exchange if it is time (see :func:`~dtwatch.watchdog.aggregate.exchange_interval`; the aggregator
-        also as soon as its verdict changes). Returns None when it was not time. Store errors propagate
-        (the caller warns once); the next exchange starts over (the store may have been restarted)."""
+        also as soon as its verdict changes). While the job looks suspect a follower also reads the view
+        between its exchanges (every half interval), so that the verdict reaches it sooner. Returns None
+        when it was not time. Store errors propagate (the caller warns once); the next exchange starts
+        over (the store may have been restarted)."""
         verdict = verdict_of(incident)
         busy = any(s.open_calls for s in local) or incident is not None or self.suspect
         changed = self.role == AGGREGATOR and verdict != self.published_verdict
-        if now - self.last < exchange_interval(self.interval, busy=busy) and not changed:
+        due = now - self.last >= exchange_interval(self.interval, busy=busy) or changed
+        peek = self.role == FOLLOWER and self.suspect and self.view_ready and now - self.last_read >= self.interval / 2
+        if not (due or peek):
             return None
-        self.last = now
+        self.last_read = now
         try:
+            if not due:
+                view = self._follow(local, now)  # the head (and a changed body) only
+                if self.role == FOLLOWER:
+                    return view
+                # it has just taken the lease over: publish and aggregate now
+            self.last = now
             self._publish(local, now)
             if self.role == AGGREGATOR and not self._still_holds():
                 log.info("dtwatch: another node took over the aggregation of %s; following it", self.job_id)
