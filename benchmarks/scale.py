@@ -37,6 +37,10 @@ every node's post-hang state and the window had passed - the diagnosis itself no
 not every node had it by the cap; ``probe_p50_ms``/``probe_p99_ms`` - the probe's set+get+add with the
 nodes running; ``probe_p99_ms_without`` - the same, before they started.
 
+Every node has connected and exchanged once before anything is measured: on the machine this was
+written on, bursts of new TCPStore connections from threads of one process repeatedly stalled the store
+server for 5 s (every client waited; either backend; not seen with connections from separate processes).
+
 The store and the probe are pinned to CPU 0, the simulated nodes to CPU 1 (when there are two), so the
 simulation competes with the store as other machines would: through the network, not for its CPU. On a
 shared machine other people's work still adds noise; compare rows from one run.
@@ -55,6 +59,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings about client host names, per connection
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -180,7 +185,7 @@ def _verdict_names(head, culprit: int) -> bool:
     return any(culprit in f.get("ranks", []) for f in verdict.get("findings", []))
 
 
-def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: dict) -> None:
+def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: dict, started_q) -> None:
     """One simulated node's watchdog: a poll every second, the exchange at its cadence."""
     from dtwatch.diagnose import diagnose, entry_lags, straggler_warning, uneven_loader_warnings
     from dtwatch.report.bundle import incident_id
@@ -189,7 +194,8 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
 
     job = SimJob(cfg.nodes, t0=cfg.t0)
     log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
-    rec = out[n] = {"log": log, "verdict": None, "rounds": [], "published": None, "partial": None}
+    rec = out[n] = {"log": log, "verdict": None, "rounds": [], "published": None, "partial": None, "errors": 0,
+                    "error": "", "role": ""}
     next_poll = time.time() + random.Random(n).random() * POLL
     ex: Exchange | None = None
     old: OldExchange | None = None
@@ -209,12 +215,19 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
         if hang_at.value and job.hung is None:
             job.hang(cfg.culprit, hang_at.value)
         if ex is not None:
-            if not lead and now - ex.last < INTERVAL:
-                continue  # no exchange can be due: the states need not be made
+            if not lead and now - ex.last < INTERVAL and not (ex.suspect and now - ex.last_read >= INTERVAL / 2):
+                continue  # no exchange or read can be due: the states need not be made
             local = job.states(n, now)
             r0, b0 = client.stats.requests, client.stats.bytes_in + client.stats.bytes_out
-            view = ex.step(local, now, window=cfg.window, incident=incident)
+            try:
+                view = ex.step(local, now, window=cfg.window, incident=incident)
+            except Exception as exc:  # noqa: BLE001 - as the watchdog: counted, tried again at the next poll
+                rec["errors"] += 1
+                rec["error"] = repr(exc)
+                continue
             if view is not None:
+                if not log:
+                    started_q.put(n)
                 log.append((now, client.stats.requests - r0, client.stats.bytes_in + client.stats.bytes_out - b0))
                 if rec["verdict"] is None and _verdict_names(view.head, cfg.culprit):
                     rec["verdict"] = time.time()
@@ -234,6 +247,8 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
                     rec["published"] = time.time()
                 started = time.time()
                 rec["partial"] = (started, r0, b0)
+                if not rec["rounds"] and not log:
+                    started_q.put(n)
                 fetched = old.fetch(stop, decode=lead)
                 if fetched is None:
                     break
@@ -253,6 +268,7 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
                 if ex is not None and any(cfg.culprit in f.ranks for f in result.findings):
                     rec["verdict"] = rec["verdict"] or time.time()
     if ex is not None:
+        rec["role"] = ex.role
         ex.close()
 
 
@@ -275,13 +291,22 @@ def nodes_main(cfg: Config, node_ids: list[int], lead: bool, hang_at, stop, out_
     import logging
     import resource
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO if os.environ.get("SCALE_DEBUG") else logging.WARNING,
+                        format="%(asctime)s %(processName)s %(threadName)s %(message)s")
+    if os.environ.get("SCALE_DEBUG_SLOWOPS"):
+        sys.path.insert(0, os.path.dirname(os.environ["SCALE_DEBUG_SLOWOPS"]))
+        __import__("slowops")
     out: dict = {}
     live: dict = {}
-    threads = [threading.Thread(target=node_loop, args=(n, cfg, hang_at, stop, lead, out, live), daemon=True)
-               for n in node_ids]
+    import queue
+
+    started_q: queue.Queue = queue.Queue()
+    threads = [threading.Thread(target=node_loop, args=(n, cfg, hang_at, stop, lead, out, live, started_q),
+                                daemon=True) for n in node_ids]
     for t in threads:
         t.start()
+    for _ in node_ids:  # every node connected and through its first exchange before anything is measured
+        started_q.get(timeout=300)
     cpu: list[tuple[float, float, int, int]] = []  # (time, process CPU s, lease renewal requests, bytes)
     lease_req = lease_bytes = 0
     ready_q.put(len(node_ids))
@@ -420,6 +445,12 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             if len(times) == len(results):
                 latency = max(times) - hang_time
     verdicts = sum(1 for rec in results.values() if (rec["verdict"] if mode == "after" else rec["rounds"]))
+    errors = [rec["error"] for rec in results.values() if rec["errors"]]
+    if os.environ.get("SCALE_DEBUG"):
+        for n in sorted(results)[:6]:
+            rec = results[n]
+            exchanges = [(round(t - t_h0, 1), r, b) for t, r, b in rec["log"]][:20]
+            print(n, rec["role"], rec["errors"], rec["error"][:200], rec["verdict"], exchanges, file=sys.stderr)
     with_ = [dt * 1000 for t, dt in samples if t_h0 <= t <= t_end]
     without = [dt * 1000 for t, dt in samples if base[0] <= t <= base[1]]
     return {
@@ -430,7 +461,8 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
         "verdict_latency_s": round(latency, 2) if latency is not None else None,
         "probe_p50_ms": _r(_pct(with_, 0.5)), "probe_p99_ms": _r(_pct(with_, 0.99)),
         "probe_p99_ms_without": _r(_pct(without, 0.99)),
-        "_notes": {"store_cpu_pct": round(store_cpu, 1), "probe_samples": len(with_),
+        "_notes": {"store_cpu_pct": round(store_cpu, 1), "probe_samples": len(with_), "nodes_with_errors": len(errors),
+                   "an_error": errors[0] if errors else "",
                    "probe_samples_without": len(without),
                    "nodes_planned_not_measured": planned, "nodes_with_verdict_or_rounds": verdicts,
                    "probe_p50_ms_without": _r(_pct(without, 0.5)),

@@ -7,8 +7,9 @@ from then on. Every other node looks at the lease each time it exchanges and not
 since when the value has not changed (:class:`LeaseWatch`): clocks of different machines are never
 compared. Once unchanged for :func:`stale_after` (longer than several renewals), the holder is taken to
 be gone and the node claims the next term by ``compare_set`` from the value it saw: only one claimant
-can win. A node looks at the lease at every exchange, so a dead aggregator is replaced within two
-exchange intervals.
+can win. A look that the store answered slowly restarts that clock: the holder's renewals were queued
+behind the same stall, and a slow store must not make every node claim the lease. A node looks at the
+lease at every exchange, so a dead aggregator is replaced within two exchange intervals.
 """
 from __future__ import annotations
 

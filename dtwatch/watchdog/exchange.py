@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -74,6 +75,9 @@ class StoreClient:
             self._store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout),
                                    wait_for_workers=False)
         return self._store
+
+    def connect(self) -> None:
+        self._s()
 
     def set(self, key: str, value: bytes) -> None:
         self._s().set(key, value)
@@ -257,7 +261,7 @@ class Exchange:
         self.last_read = now
         try:
             if not due:
-                view = self._follow(local, now)  # the head (and a changed body) only
+                view = self._follow(local)  # the head (and a changed body) only
                 if self.role == FOLLOWER:
                     return view
                 # it has just taken the lease over: publish and aggregate now
@@ -267,7 +271,7 @@ class Exchange:
                 log.info("dtwatch: another node took over the aggregation of %s; following it", self.job_id)
                 self._follow_from_now()
             if self.role == FOLLOWER:
-                view = self._follow(local, now)
+                view = self._follow(local)
                 if self.role == FOLLOWER:
                     return view
             return self._aggregate(local, now, window, verdict, warnings)
@@ -317,7 +321,7 @@ class Exchange:
             self.own_digest = digest(self.node, local, now, state_time=self.state_time)
             self.client.set(self._digest_key(self.index), self.own_digest)
 
-    def _follow(self, local: list[RankState], now: float) -> View:
+    def _follow(self, local: list[RankState]) -> View:
         lease_key, view_key = self._k("lease"), self._k("view")
         if not self.view_ready:
             first = claim(None, self.node).encode()
@@ -326,11 +330,12 @@ class Exchange:
                 self._lead(Lease.decode(raw_lease))
                 return View(None)
             if not self.client.check([view_key]):
-                self._maybe_take_over(raw_lease, now)
+                self._maybe_take_over(raw_lease, prompt=True)
                 return View(None)
             self.view_ready = True
+        asked = time.monotonic()
         raw_lease, raw_head = self.client.multi_get([lease_key, view_key])
-        if self._maybe_take_over(raw_lease, now):
+        if self._maybe_take_over(raw_lease, prompt=time.monotonic() - asked < renew_period(self.interval)):
             return View(None)
         head = ViewHead.decode(raw_head)
         self.head = head
@@ -341,8 +346,13 @@ class Exchange:
             self.body, self.body_seq = self.client.get(self._k("body")), head.body
         return View(head, self.body, {s.rank for s in local})
 
-    def _maybe_take_over(self, raw_lease: bytes, now: float) -> bool:
-        unchanged = self.lease_watch.observe(raw_lease, now)
+    def _maybe_take_over(self, raw_lease: bytes, *, prompt: bool) -> bool:
+        """Claim the lease if it stood still for too long, on this node's monotonic clock. An answer that took
+        longer than a renewal period says the store itself was slow (a burst of connections, a busy job):
+        the holder's renewals waited in the same queue, so the clock starts again instead."""
+        if not prompt:
+            self.lease_watch.reset()
+        unchanged = self.lease_watch.observe(raw_lease, time.monotonic())
         seen = Lease.decode(raw_lease)
         if not should_take_over(seen, self.node, unchanged, self.interval):
             return False
@@ -361,8 +371,9 @@ class Exchange:
         self.ready.clear()
         self.head_seq = max(self.head_seq, self.head.seq if self.head else 0)
         self.body_out = max(self.body_out, self.head.body if self.head else 0)
-        self.heartbeat = _Heartbeat(StoreClient(self.host, self.port, self.timeout), self._k("lease"), lease,
-                                    renew_period(self.interval))
+        client = StoreClient(self.host, self.port, self.timeout)
+        client.connect()  # here, so that a store that cannot be reached fails this exchange (retried) at once
+        self.heartbeat = _Heartbeat(client, self._k("lease"), lease, renew_period(self.interval))
         self.heartbeat.start()
 
     # -- the aggregator -----------------------------------------------------------------------------
