@@ -248,14 +248,15 @@ class Exchange:
              warnings: Iterable[Any] = ()) -> View | None:
         """Exchange if it is time (see :func:`~dtwatch.watchdog.aggregate.exchange_interval`; the aggregator
         also as soon as its verdict changes). While the job looks suspect a follower also reads the view
-        between its exchanges (every half interval), so that the verdict reaches it sooner. Returns None
+        between its exchanges (at every poll, at most four times an interval), so that the verdict reaches it
+        sooner. Returns None
         when it was not time. Store errors propagate (the caller warns once); the next exchange starts
         over (the store may have been restarted)."""
         verdict = verdict_of(incident)
         busy = any(s.open_calls for s in local) or incident is not None or self.suspect
         changed = self.role == AGGREGATOR and verdict != self.published_verdict
         due = now - self.last >= exchange_interval(self.interval, busy=busy) or changed
-        peek = self.role == FOLLOWER and self.suspect and self.view_ready and now - self.last_read >= self.interval / 2
+        peek = self.role == FOLLOWER and self.suspect and self.view_ready and now - self.last_read >= self.interval / 4
         if not (due or peek):
             return None
         self.last_read = now
