@@ -202,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=_typed("store"), default=unset,
                    help="HOST:PORT of the job's c10d store for cross-node comparison, or 'none' "
                         f"({_env('store')}; default: MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--serve-store", action="store_true", default=unset,
+                   help="serve a TCPStore for dtwatch's exchange at --store's port on this node, so that its traffic "
+                        "stays off the job's own store (give every node's watchdog the same --store HOST:PORT)")
+    p.add_argument("--store-interval", type=_typed("store_interval"), default=unset,
+                   help="seconds between cross-node exchanges while a rank is in a collective, 5x that otherwise "
+                        "(default 2)")
     p.add_argument("--idle-exit", type=_typed("idle_exit"), default=unset,
                    help="exit when all ranks are gone and nothing new appeared for this many seconds; 0 = never "
                         f"({_env('idle_exit')}; default 30)")

@@ -331,6 +331,9 @@ class WatchOptions:
     otlp_endpoint: str = ""
     heartbeat_stale: float | None = None
     store_interval: float = 2.0
+    """Seconds between cross-node exchanges while a rank is in a collective (5x that otherwise)."""
+    serve_store: bool = False
+    """Serve a TCPStore for dtwatch's exchange at ``store``'s port on this node (traffic off the job's store)."""
 
     def __post_init__(self) -> None:
         check_values(WATCH_OPTIONS, {f.name: getattr(self, f.name) for f in fields(self)})
@@ -363,6 +366,8 @@ WATCH_OPTIONS: dict[str, Option] = {
     "otlp_endpoint": _text(None, "a URL", lambda v: True),
     "pyspy": Option(None, parse_bool, _is_bool, "1/0, true/false"),
     "exit_with_launcher": Option(None, parse_bool, _is_bool, "1/0, true/false"),
+    "store_interval": _seconds(0.1, 600, None),
+    "serve_store": Option(None, parse_bool, _is_bool, "1/0, true/false"),
 }
 
 

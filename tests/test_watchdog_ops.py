@@ -342,6 +342,89 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
 
 
+@pytest.mark.timeout(240)
+def test_another_node_takes_over_the_aggregation_when_its_watchdog_is_killed(tmp_path):
+    """Two torchrun 'nodes' whose watchdogs exchange through a store of their own (not the job's). The
+    aggregator's watchdog is killed: the other takes the lease over within two exchange intervals; the killed
+    one is restarted (as a sidecar would be) and follows; both still diagnose the hang, naming the remote rank."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dtwatch.watchdog.election import Lease
+
+    job_id, interval, window = "takeover", 1.0, 12.0
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    master_port = free_port()
+    lease_key = f"dtwatch/{job_id}/x1/lease"
+    args = {name: ["--node", name, "--store", f"127.0.0.1:{store.port}", "--store-interval", str(interval),
+                   "--idle-exit", "3"] for name in ("node-a", "node-b")}
+    nodes: dict[str, list] = {}
+    procs: list[subprocess.Popen] = []
+    try:
+        for node_rank, name in enumerate(("node-a", "node-b")):
+            root = tmp_path / name
+            watchdog, log = start_watchdog(root, job_id, window=window, extra_args=args[name])
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
+                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
+                 "rank_conditional"],
+                env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            nodes[name] = [root, watchdog, log]
+            procs += [proc, watchdog]
+
+        def head() -> dict | None:
+            key = f"dtwatch/{job_id}/x1/view"
+            return json.loads(store.get(key)) if store.check([key]) else None
+
+        until("both nodes' ranks, hung, in the aggregator's view",
+              lambda: (h := head()) is not None and h["body_ranks"] == [0, 1] and h["blocked"] == 2, 90)
+        holder = Lease.decode(store.get(lease_key))
+        assert holder is not None and holder.holder in nodes
+        other = next(n for n in nodes if n != holder.holder)
+        root, killed, _log = nodes[holder.holder]
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=10)
+        stopped = time.time()
+
+        def new_holder() -> Lease | None:
+            lease = Lease.decode(store.get(lease_key))
+            return lease if lease is not None and lease.holder == other else None
+
+        lease = until("the other node to take the lease over", new_holder, 30, interval=0.05)
+        took = time.time() - stopped
+        print(f"takeover after {took:.2f} s (exchange interval {interval} s)")
+        assert took <= 2 * interval + 0.5, f"took {took:.2f}s"
+        assert lease.term == holder.term + 1
+        # The killed watchdog comes back (a sidecar restart): it follows the new aggregator.
+        restarted, log = start_watchdog(root, job_id, window=window, extra_args=args[holder.holder])
+        nodes[holder.holder][1:] = [restarted, log]
+        procs.append(restarted)
+        indexes: dict[str, dict] = {}
+
+        def incidents() -> bool:
+            for name, (node_root, *_rest) in nodes.items():
+                for index_path in (node_root / job_id / "incidents").glob(f"*/{name}/index.json"):
+                    data = json.loads(index_path.read_text())
+                    if data.get("evidence_complete"):
+                        indexes[name] = data
+            return len(indexes) == 2
+
+        until("both nodes' diagnoses", incidents, 120)
+        for data in indexes.values():
+            f = data["findings"][0]
+            assert f["kind"] == "rank_conditional"
+            assert f["ranks"] == [0] and f["waiting_ranks"] == [1]
+            assert f["site"]["line"] == site_line("validate_all_reduce")
+        final = Lease.decode(store.get(lease_key))
+        assert final is not None and final.holder == other  # the restarted one did not take it back
+        assert "aggregates the cross-node exchange" in nodes[other][2].read_text()
+    finally:
+        stop_processes(procs)
+
+
 def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, capsys):
     from dtwatch.diagnose import Finding
     from dtwatch.watchdog.runner import _conclude

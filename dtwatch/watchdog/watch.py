@@ -126,6 +126,7 @@ class Watchdog:
                 self.last_poll = time.time()
                 self.stop_event.wait(self.opts.poll_interval)
         finally:
+            self.peers.close()
             self.services.close()
         return EXIT_FAILED_FAST if self.failed_fast else EXIT_OK
 
@@ -148,9 +149,9 @@ class Watchdog:
             self.ever_saw_ranks = True
         new_records = self.reader.take_new_records(snaps)
         self.window.observe(collective_durations(new_records), local)
-        self.peers.exchange(local, now, urgent=self.incident is not None)
-        states = self.peers.merge(local)
         window = self.window.value
+        self.peers.exchange(local, now, window=window, incident=self.incident, warnings=self.warnings.all)
+        states = self.peers.merge(local)
 
         # A crash needs no window; a stall needs the window without progress.
         result = diagnose(states, now, window, self.live.for_diagnosis(local),
