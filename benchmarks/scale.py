@@ -194,12 +194,12 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
     from dtwatch.diagnose import diagnose, entry_lags, straggler_warning, uneven_loader_warnings
     from dtwatch.report.bundle import incident_id
     from dtwatch.watchdog.aggregate import exchange_interval
-    from dtwatch.watchdog.exchange import Exchange, StoreClient
+    from dtwatch.watchdog.exchange import AGGREGATOR, Exchange, StoreClient
 
     job = SimJob(cfg.nodes, t0=cfg.t0)
     log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
     rec = out[n] = {"log": log, "verdict": None, "rounds": [], "published": None, "partial": None, "errors": 0,
-                    "error": "", "role": ""}
+                    "error": "", "role": "", "term": 0}
     next_poll = time.time() + random.Random(n).random() * POLL
     ex: Exchange | None = None
     old: OldExchange | None = None
@@ -212,6 +212,7 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
     payload, payload_hung, last = b"", False, float("-inf")
     incident = None
     remote: list = []
+    local: list = []
     while not stop.is_set():
         time.sleep(max(0.0, next_poll - time.time()))
         next_poll += POLL
@@ -219,9 +220,15 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
         if hang_at.value and job.hung is None:
             job.hang(cfg.culprit, hang_at.value)
         if ex is not None:
-            if not lead and now - ex.last < INTERVAL and not (ex.suspect and now - ex.last_read >= INTERVAL / 4):
-                continue  # no exchange or read can be due: the states need not be made
-            local = job.states(n, now)
+            leading = lead or ex.role == AGGREGATOR  # node 0 diagnoses every poll; so does whoever took over
+            due = now - ex.last >= INTERVAL
+            if not (leading or due or (ex.suspect and now - ex.last_read >= INTERVAL / 4)):
+                if not ex.suspect:  # sleep through the polls where nothing can be due (fewer wake-ups to simulate)
+                    while next_poll < ex.last + INTERVAL:
+                        next_poll += POLL
+                continue
+            if leading or due or not local:
+                local = job.states(n, now)  # a read between exchanges uses only the ranks' numbers
             r0, b0 = client.stats.requests, client.stats.bytes_in + client.stats.bytes_out
             try:
                 view = ex.step(local, now, window=cfg.window, incident=incident)
@@ -235,7 +242,9 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
                 log.append((now, client.stats.requests - r0, client.stats.bytes_in + client.stats.bytes_out - b0))
                 if rec["verdict"] is None and _verdict_names(view.head, cfg.culprit):
                     rec["verdict"] = time.time()
-                if lead:
+                if view.head is not None:
+                    rec["term"] = max(rec["term"], view.head.term)
+                if leading:
                     remote = view.remote_states()
         elif old is not None:
             local = job.states(n, now) if lead or now - last >= INTERVAL else []
@@ -261,7 +270,8 @@ def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: d
                 log.append((now, client.stats.requests - r0, client.stats.bytes_in + client.stats.bytes_out - b0))
                 if lead:
                     remote = fetched
-        if lead:  # what the watchdog does every poll with its ranks and the others'
+        if lead or (ex is not None and ex.role == AGGREGATOR):  # what the watchdog does every poll with its ranks
+            # and the others'
             states = sorted(local + remote, key=lambda s: s.rank)
             result = diagnose(states, now, cfg.window)
             straggler_warning(entry_lags(states), now)
@@ -449,6 +459,10 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             if len(times) == len(results):
                 latency = max(times) - hang_time
     verdicts = sum(1 for rec in results.values() if (rec["verdict"] if mode == "after" else rec["rounds"]))
+    if os.environ.get("SCALE_SAVE"):  # the raw figures, for a closer look
+        raw = {"samples": samples, "t": [base, healthy, hang_time, t_end],
+               "verdicts": {n: r["verdict"] for n, r in results.items()}}
+        Path(os.environ["SCALE_SAVE"]).write_text(json.dumps(raw))
     errors = [rec["error"] for rec in results.values() if rec["errors"]]
     if os.environ.get("SCALE_DEBUG"):
         for n in sorted(results)[:6]:
@@ -465,7 +479,9 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
         "verdict_latency_s": round(latency, 2) if latency is not None else None,
         "probe_p50_ms": _r(_pct(with_, 0.5)), "probe_p99_ms": _r(_pct(with_, 0.99)),
         "probe_p99_ms_without": _r(_pct(without, 0.99)),
-        "_notes": {"store_cpu_pct": round(store_cpu, 1), "probe_samples": len(with_), "nodes_with_errors": len(errors),
+        "_notes": {"store_cpu_pct": round(store_cpu, 1),
+                   "lease_terms": max(rec.get("term", 0) for rec in results.values()), "probe_samples": len(with_),
+                   "nodes_with_errors": len(errors),
                    "an_error": errors[0] if errors else "",
                    "probe_samples_without": len(without),
                    "nodes_planned_not_measured": planned, "nodes_with_verdict_or_rounds": verdicts,
