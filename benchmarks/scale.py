@@ -8,10 +8,12 @@
 For each N and each exchange, from scratch: a TCPStore server process (the job's store on the rank-0
 host), a probe process that times the job's own use of that store (one ``set``, one ``get`` and one
 ``add`` in a row every 10 ms, as rendezvous and barriers do), then N simulated node watchdogs: node 0 in
-a process of its own, nodes 1..N-1 as threads in ``--procs`` processes, each node with its own store
-connection. Each node simulates 8 ranks (``scale_job.py``: a training loop whose ranks are inside
-collectives most of the time) and exchanges at the watchdog's real cadence (a poll every second; an
-exchange every 2 s while a rank is in a collective, 10 s otherwise).
+a process of its own, nodes 1..N-1 spread over ``--procs`` processes, each node with its own store
+connection; the nodes of a process take turns in its one thread, by their next due time (an OS thread per
+node - a thousand of them - swamps a small machine with wake-ups and lock hand-offs). Each node simulates
+8 ranks (``scale_job.py``: a training loop whose ranks are always inside some collective) and exchanges at
+the watchdog's real cadence (a poll every second; an exchange every 2 s while a rank is in a collective,
+10 s otherwise).
 
 * ``after``: :class:`dtwatch.watchdog.exchange.Exchange`, the watchdog's own code. Node 0 starts first
   and holds the lease (the aggregator); every poll it also runs the diagnosis on its ranks and the
@@ -49,15 +51,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import random
 import sys
-import threading
 import time
 import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings about client host names, per connection
 # The TCPStore server looks up the name of each connecting client, in its only thread: where reverse DNS times
@@ -69,10 +73,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scale_job import RANKS_PER_NODE, SimJob
 
+from dtwatch.watchdog.aggregate import exchange_interval
+
 JOB_ID = "scale"
 INTERVAL = 2.0  # the watchdog's store_interval
 POLL = 1.0  # the watchdog's poll_interval
 PUBLISHED_RECENT = 16  # what the old exchange trimmed each group's recent calls to
+ROUND_CHUNK = 8  # node reads of an old exchange round per turn
 
 
 # -- the exchange as it was, kept only to be measured --------------------------------------------------
@@ -103,15 +110,15 @@ class OldExchange:
             self.registered = True
         self.client.set(f"{self.prefix}/node/{self.node}", payload)
 
-    def fetch(self, stop, decode: bool):
-        """Yields after each node read (so a stop interrupts a long round); returns the states when decoding."""
+    def rounds(self, decode: bool) -> Generator[None, None, list]:
+        """One read of every other node's states; yields after each node (the caller takes turns with other
+        nodes), returns the states read when decoding them."""
         from dtwatch.diagnose.state import RankState
 
         count = self.client.add(f"{self.prefix}/nodes", 0)
         states = []
         for i in range(count):
-            if stop.is_set():
-                return None
+            yield None
             name_key = f"{self.prefix}/node_name/{i}"
             if not self.client.check([name_key]):
                 continue
@@ -189,143 +196,186 @@ def _verdict_names(head, culprit: int) -> bool:
     return any(culprit in f.get("ranks", []) for f in verdict.get("findings", []))
 
 
-def node_loop(n: int, cfg: Config, hang_at, stop, lead: bool, out: dict, live: dict, started_q) -> None:
-    """One simulated node's watchdog: a poll every second, the exchange at its cadence."""
-    from dtwatch.diagnose import diagnose, entry_lags, straggler_warning, uneven_loader_warnings
-    from dtwatch.report.bundle import incident_id
-    from dtwatch.watchdog.aggregate import exchange_interval
-    from dtwatch.watchdog.exchange import Exchange, StoreClient
+class SimNode:
+    """One simulated node's watchdog, advanced by :meth:`tick` from its process's event loop: a poll every
+    second (only the polls where something can be due are simulated), the exchange at the watchdog's cadence.
+    A round of the old exchange is advanced a few node reads per tick, so that the nodes of one process take
+    turns at the store as the nodes of a job would."""
 
-    job = SimJob(cfg.nodes, t0=cfg.t0)
-    log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
-    rec = out[n] = {"log": log, "verdict": None, "rounds": [], "published": None, "partial": None, "errors": 0,
-                    "error": "", "role": ""}
-    next_poll = time.time() + random.Random(n).random() * POLL
-    ex: Exchange | None = None
-    old: OldExchange | None = None
-    if cfg.mode == "after":
-        ex = live[n] = Exchange("127.0.0.1", cfg.port, JOB_ID, f"node{n}", interval=INTERVAL, timeout=300.0)
-        client = ex.client
-    else:
-        client = live[n] = StoreClient("127.0.0.1", cfg.port, timeout=300.0)
-        old = OldExchange(client, f"node{n}")
-    payload, payload_hung, last = b"", False, float("-inf")
-    incident = None
-    remote: list = []
-    while not stop.is_set():
-        time.sleep(max(0.0, next_poll - time.time()))
-        next_poll += POLL
-        now = time.time()
-        if hang_at.value and job.hung is None:
-            job.hang(cfg.culprit, hang_at.value)
-        if ex is not None:
-            if not lead and now - ex.last < INTERVAL and not (ex.suspect and now - ex.last_read >= INTERVAL / 4):
-                continue  # no exchange or read can be due: the states need not be made
-            local = job.states(n, now)
-            r0, b0 = client.stats.requests, client.stats.bytes_in + client.stats.bytes_out
-            try:
-                view = ex.step(local, now, window=cfg.window, incident=incident)
-            except Exception as exc:  # noqa: BLE001 - as the watchdog: counted, tried again at the next poll
-                rec["errors"] += 1
-                rec["error"] = repr(exc)
-                continue
+    def __init__(self, n: int, cfg: Config, hang_at, lead: bool) -> None:
+        from dtwatch.watchdog.exchange import Exchange, StoreClient
+
+        self.n, self.cfg, self.hang_at, self.lead = n, cfg, hang_at, lead
+        self.job = SimJob(cfg.nodes, t0=cfg.t0)
+        self.log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
+        self.rec: dict[str, Any] = {"log": self.log, "verdict": None, "rounds": [], "published": None,
+                                    "partial": None, "errors": 0, "error": "", "role": "", "term": 0}
+        self.phase = random.Random(n).random() * POLL
+        self.ex: Exchange | None = None
+        self.old: OldExchange | None = None
+        if cfg.mode == "after":
+            self.ex = Exchange("127.0.0.1", cfg.port, JOB_ID, f"node{n}", interval=INTERVAL, timeout=300.0)
+            self.client = self.ex.client
+        else:
+            self.client = StoreClient("127.0.0.1", cfg.port, timeout=300.0)
+            self.old = OldExchange(self.client, f"node{n}")
+        self.payload, self.payload_hung, self.last = b"", False, float("-inf")
+        self.round: Iterator | None = None
+        self.round_start = (0.0, 0, 0)
+        self.incident: dict | None = None
+        self.remote: list = []
+        self.local: list = []
+        self.next_diagnosis = 0.0
+        self.started = False
+
+    def _tick_at(self, t: float) -> float:
+        """The first poll of this node at or after ``t``."""
+        return math.ceil((t - self.phase) / POLL) * POLL + self.phase
+
+    def _traffic(self) -> tuple[int, int]:
+        return self.client.stats.requests, self.client.stats.bytes_in + self.client.stats.bytes_out
+
+    def tick(self, now: float) -> float:
+        """Do what is due now; returns when to be called again."""
+        if self.hang_at.value and self.job.hung is None:
+            self.job.hang(self.cfg.culprit, self.hang_at.value)
+        try:
+            return self._after(now) if self.ex is not None else self._before(now)
+        except Exception as exc:  # noqa: BLE001 - as the watchdog: counted, tried again at the next poll
+            self.rec["errors"] += 1
+            self.rec["error"] = repr(exc)
+            self.round = None
+            return self._tick_at(now + POLL)
+
+    def _after(self, now: float) -> float:
+        from dtwatch.watchdog.exchange import AGGREGATOR
+
+        ex = self.ex
+        assert ex is not None
+        leading = self.lead or ex.role == AGGREGATOR  # node 0 diagnoses every poll; so does whoever took over
+        due = now - ex.last >= INTERVAL
+        if leading or due or (ex.suspect and now - ex.last_read >= INTERVAL / 4):
+            if leading or due or not self.local:
+                self.local = self.job.states(self.n, now)  # a read between exchanges uses only the ranks' numbers
+            r0, b0 = self._traffic()
+            view = ex.step(self.local, now, window=self.cfg.window, incident=self.incident)
             if view is not None:
-                if not log:
-                    started_q.put(n)
-                log.append((now, client.stats.requests - r0, client.stats.bytes_in + client.stats.bytes_out - b0))
-                if rec["verdict"] is None and _verdict_names(view.head, cfg.culprit):
-                    rec["verdict"] = time.time()
-                if lead:
-                    remote = view.remote_states()
-        elif old is not None:
-            local = job.states(n, now) if lead or now - last >= INTERVAL else []
-            busy = any(s.open_calls for s in local)  # the old cadence: 2 s while a rank is in a collective, else 10 s
-            if local and now - last >= exchange_interval(INTERVAL, busy=busy):
-                last = now
-                hung = job.hung is not None and now >= job.hang_time
-                if not payload or hung != payload_hung:
-                    payload, payload_hung = OldExchange.payload(local), hung
-                r0, b0 = client.stats.requests, client.stats.bytes_in + client.stats.bytes_out
-                old.publish(payload)
-                if hung and rec["published"] is None:
-                    rec["published"] = time.time()
-                started = time.time()
-                rec["partial"] = (started, r0, b0)
-                if not rec["rounds"] and not log:
-                    started_q.put(n)
-                fetched = old.fetch(stop, decode=lead)
-                if fetched is None:
-                    break
-                rec["partial"] = None
-                rec["rounds"].append((started, time.time()))
-                log.append((now, client.stats.requests - r0, client.stats.bytes_in + client.stats.bytes_out - b0))
-                if lead:
-                    remote = fetched
-        if lead:  # what the watchdog does every poll with its ranks and the others'
-            states = sorted(local + remote, key=lambda s: s.rank)
-            result = diagnose(states, now, cfg.window)
-            straggler_warning(entry_lags(states), now)
-            uneven_loader_warnings(states, now)
-            if incident is None and result.stalled and result.findings:
-                incident = {"id": incident_id(result.findings[0], states), "verdict": "stall",
-                            "findings": result.findings}
-                if ex is not None and any(cfg.culprit in f.ranks for f in result.findings):
-                    rec["verdict"] = rec["verdict"] or time.time()
-    if ex is not None:
-        rec["role"] = ex.role
-        ex.close()
+                r1, b1 = self._traffic()
+                self.log.append((now, r1 - r0, b1 - b0))
+                self.started = True
+                if self.rec["verdict"] is None and _verdict_names(view.head, self.cfg.culprit):
+                    self.rec["verdict"] = time.time()
+                if view.head is not None:
+                    self.rec["term"] = max(self.rec["term"], view.head.term)
+                if leading:
+                    self.remote = view.remote_states()
+            if leading:
+                self._diagnose(now)
+            self.rec["role"] = ex.role
+        if leading or ex.suspect:
+            return self._tick_at(now + POLL * 0.999)
+        return self._tick_at(max(now + POLL * 0.999, ex.last + INTERVAL))
 
+    def _before(self, now: float) -> float:
+        old = self.old
+        assert old is not None
+        if self.round is None:
+            self.local = self.job.states(self.n, now) if self.lead or now - self.last >= INTERVAL else []
+            busy = any(s.open_calls for s in self.local)  # the old cadence: 2 s while a rank is in a collective
+            if self.local and now - self.last >= exchange_interval(INTERVAL, busy=busy):
+                self.last = now
+                hung = self.job.hung is not None and now >= self.job.hang_time
+                if not self.payload or hung != self.payload_hung:
+                    self.payload, self.payload_hung = OldExchange.payload(self.local), hung
+                r0, b0 = self._traffic()
+                old.publish(self.payload)
+                if hung and self.rec["published"] is None:
+                    self.rec["published"] = time.time()
+                self.started = True
+                self.round = old.rounds(decode=self.lead)
+                self.round_start = (time.time(), r0, b0)
+        if self.lead and now >= self.next_diagnosis:
+            self._diagnose(now)
+            self.next_diagnosis = self._tick_at(now + POLL * 0.999)
+        if self.round is None:
+            return self._tick_at(now + POLL * 0.999)
+        for _ in range(ROUND_CHUNK):
+            try:
+                next(self.round)
+            except StopIteration as done:
+                started, r0, b0 = self.round_start
+                r1, b1 = self._traffic()
+                self.rec["rounds"].append((started, time.time()))
+                self.log.append((self.last, r1 - r0, b1 - b0))
+                if self.lead:
+                    self.remote = done.value
+                self.round = None
+                return self._tick_at(now + POLL * 0.999)
+        return now if not self.lead else min(time.time(), self.next_diagnosis)  # the round goes on
 
-def _snapshot(out: dict, live: dict) -> dict:
-    """The nodes' records, copied (threads may still run); a round still under way as (start, requests, bytes)."""
-    snap = {}
-    for n, rec in list(out.items()):
-        d = {k: (list(v) if isinstance(v, list) else v) for k, v in list(rec.items())}
-        client = live.get(n)
-        stats = getattr(client, "stats", None)
-        if d["partial"] is not None and stats is not None:
-            started, r0, b0 = d["partial"]
-            d["partial"] = (started, stats.requests - r0, stats.bytes_in + stats.bytes_out - b0)
-        snap[n] = d
-    return snap
+    def _diagnose(self, now: float) -> None:
+        """What the watchdog does every poll with its ranks and the others'."""
+        from dtwatch.diagnose import diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+        from dtwatch.report.bundle import incident_id
+
+        states = sorted(self.local + self.remote, key=lambda s: s.rank)
+        result = diagnose(states, now, self.cfg.window)
+        straggler_warning(entry_lags(states), now)
+        uneven_loader_warnings(states, now)
+        if self.incident is None and result.stalled and result.findings:
+            self.incident = {"id": incident_id(result.findings[0], states), "verdict": "stall",
+                             "findings": result.findings}
+            if self.ex is not None and any(self.cfg.culprit in f.ranks for f in result.findings):
+                self.rec["verdict"] = self.rec["verdict"] or time.time()
+
+    def snapshot(self) -> dict:
+        rec = dict(self.rec)
+        if self.round is not None:  # a round still under way: (start, requests, bytes) so far
+            started, r0, b0 = self.round_start
+            r1, b1 = self._traffic()
+            rec["partial"] = (started, r1 - r0, b1 - b0)
+        return rec
+
+    def close(self) -> None:
+        if self.ex is not None:
+            self.ex.close()
 
 
 def nodes_main(cfg: Config, node_ids: list[int], lead: bool, hang_at, stop, out_q, ready_q) -> None:
+    """One process of simulated nodes: one thread, the nodes taking turns by their next due time."""
     _pin(1)
+    import heapq
     import logging
     import resource
 
     logging.basicConfig(level=logging.INFO if os.environ.get("SCALE_DEBUG") else logging.WARNING,
-                        format="%(asctime)s %(processName)s %(threadName)s %(message)s")
-    if os.environ.get("SCALE_DEBUG_SLOWOPS"):
-        sys.path.insert(0, os.path.dirname(os.environ["SCALE_DEBUG_SLOWOPS"]))
-        __import__("slowops")
-    out: dict = {}
-    live: dict = {}
-    import queue
-
-    started_q: queue.Queue = queue.Queue()
-    threads = [threading.Thread(target=node_loop, args=(n, cfg, hang_at, stop, lead, out, live, started_q),
-                                daemon=True) for n in node_ids]
-    for t in threads:
-        t.start()
-    for _ in node_ids:  # every node connected and through its first exchange before anything is measured
-        started_q.get(timeout=300)
+                        format="%(asctime)s %(processName)s %(message)s")
+    nodes = {n: SimNode(n, cfg, hang_at, lead) for n in node_ids}
+    heap = [(nodes[n].phase + time.time(), n) for n in node_ids]
+    heapq.heapify(heap)
     cpu: list[tuple[float, float, int, int]] = []  # (time, process CPU s, lease renewal requests, bytes)
-    lease_req = lease_bytes = 0
-    ready_q.put(len(node_ids))
-    while not stop.wait(0.5):
-        if lead:
+    next_sample = time.time()
+    ready = False
+    while not stop.is_set():
+        wake, n = heapq.heappop(heap)
+        delay = wake - time.time()
+        if delay > 0:
+            stop.wait(delay)
+        now = time.time()
+        heapq.heappush(heap, (nodes[n].tick(now), n))
+        if not ready and all(node.started for node in nodes.values()):
+            ready_q.put(len(node_ids))  # every node connected and through its first exchange
+            ready = True
+        if lead and now >= next_sample:
+            next_sample = now + 0.5
             ru = resource.getrusage(resource.RUSAGE_SELF)
-            beat = getattr(live.get(0), "heartbeat", None)
-            if beat is not None:
-                stats = beat.client.stats
-                lease_req, lease_bytes = stats.requests, stats.bytes_in + stats.bytes_out
-            cpu.append((time.time(), ru.ru_utime + ru.ru_stime, lease_req, lease_bytes))
-    deadline = time.time() + 20
-    for t in threads:
-        t.join(timeout=max(0.0, deadline - time.time()))
-    out_q.put(("nodes", {"out": _snapshot(out, live), "cpu": cpu}))
+            beat = getattr(nodes[node_ids[0]].ex, "heartbeat", None)
+            stats = beat.client.stats if beat is not None else None
+            cpu.append((now, ru.ru_utime + ru.ru_stime, stats.requests if stats else 0,
+                        stats.bytes_in + stats.bytes_out if stats else 0))
+    out_q.put(("nodes", {"out": {n: node.snapshot() for n, node in nodes.items()}, "cpu": cpu}))
+    for node in nodes.values():
+        node.close()
 
 
 # -- one row --------------------------------------------------------------------------------------------
@@ -449,6 +499,10 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             if len(times) == len(results):
                 latency = max(times) - hang_time
     verdicts = sum(1 for rec in results.values() if (rec["verdict"] if mode == "after" else rec["rounds"]))
+    if os.environ.get("SCALE_SAVE"):  # the raw figures, for a closer look
+        raw = {"samples": samples, "t": [base, healthy, hang_time, t_end],
+               "verdicts": {n: r["verdict"] for n, r in results.items()}}
+        Path(os.environ["SCALE_SAVE"]).write_text(json.dumps(raw))
     errors = [rec["error"] for rec in results.values() if rec["errors"]]
     if os.environ.get("SCALE_DEBUG"):
         for n in sorted(results)[:6]:
@@ -465,7 +519,9 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
         "verdict_latency_s": round(latency, 2) if latency is not None else None,
         "probe_p50_ms": _r(_pct(with_, 0.5)), "probe_p99_ms": _r(_pct(with_, 0.99)),
         "probe_p99_ms_without": _r(_pct(without, 0.99)),
-        "_notes": {"store_cpu_pct": round(store_cpu, 1), "probe_samples": len(with_), "nodes_with_errors": len(errors),
+        "_notes": {"store_cpu_pct": round(store_cpu, 1),
+                   "lease_terms": max(rec.get("term", 0) for rec in results.values()), "probe_samples": len(with_),
+                   "nodes_with_errors": len(errors),
                    "an_error": errors[0] if errors else "",
                    "probe_samples_without": len(without),
                    "nodes_planned_not_measured": planned, "nodes_with_verdict_or_rounds": verdicts,
@@ -519,7 +575,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=4.0, help="seconds after every node started (default 4)")
     ap.add_argument("--healthy", type=float, default=12.0, help="seconds of healthy training measured (default 12)")
     ap.add_argument("--cap", type=float, default=15.0, help="seconds after window to wait for the verdict (default 15)")
-    ap.add_argument("--procs", type=int, default=4, help="processes for the simulated nodes 1..N-1 (default 4)")
+    ap.add_argument("--procs", type=int, default=6, help="processes for the simulated nodes 1..N-1 (default 6)")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE ('-' = stdout)")
     args = ap.parse_args()
     out = sys.stderr if args.json == "-" else sys.stdout

@@ -309,3 +309,15 @@ def test_a_follower_takes_over_only_after_the_lease_stood_still() -> None:
     # Worst case for a follower that looks every `interval`: the lease stops just after a look; two looks later
     # it has stood still for a full interval.
     assert stale_after(interval) <= interval
+
+
+def test_states_passed_on_encode_to_the_same_bytes() -> None:
+    """The aggregator writes the view's body again only when it changed: ranks read from a node's state (encoded
+    against that node's clock) and encoded again against another base give the same bytes, heartbeats aside."""
+    job = SimJob(2, t0=1000.123456789)
+    job.hang(12, 1002.0)
+    once = decode_states(encode_states("node1", job.states(1, 1005.987654321), 1005.987654321)).states
+    later = decode_states(encode_states("node1", job.states(1, 1009.1234567), 1009.1234567)).states
+    body = encode_states("view", once, 3600.0, heartbeats=False)
+    assert encode_states("view", later, 3600.0, heartbeats=False) == body
+    assert all(s.heartbeat_time == 0.0 for s in decode_states(body).states)

@@ -116,6 +116,12 @@ def test_a_large_job_ships_ranks_only_once_it_stands_still(store):
         states = job.states(follower, now) + views[follower].remote_states()
         findings = diagnose(sorted(states, key=lambda s: s.rank), now, window).findings
         assert [(f.kind, f.ranks) for f in findings] == [("stuck_outside_collective", [culprit])]
+        # The remote ranks' heartbeats come with the head: fresh, though the body (a hung job's) stays the same.
+        assert all(now - s.heartbeat_time < 3 * INTERVAL for s in views[follower].remote_states())
+        body, received = head.body, exchanges[follower].stats.bytes_in
+        _run(exchanges, job, 3 * INTERVAL, views, window=window)
+        assert views[follower].head is not None and views[follower].head.body == body
+        assert exchanges[follower].stats.bytes_in - received < 8 * 2500  # heads only
     finally:
         _close(exchanges)
 

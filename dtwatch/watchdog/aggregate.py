@@ -133,6 +133,9 @@ class ViewHead:
     body: int  # sequence number of the body holding ``body_ranks`` (0: none yet)
     body_ranks: list[int] = field(default_factory=list)
     verdict: dict | None = None  # the aggregator's open incident: {"incident", "kind", "findings": [...]}
+    # The body ranks' latest heartbeats (aligned with body_ranks): a hung job's body does not change, only
+    # its heartbeats do, and every node reads the head anyway.
+    beats: list[float] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -159,6 +159,9 @@ class View:
         if self.states is None:
             self.states = [] if not self.body else \
                 [s for s in decode_states(self.body).states if s.rank not in self.exclude]
+            beats = dict(zip(self.head.body_ranks, self.head.beats, strict=False)) if self.head is not None else {}
+            for s in self.states:
+                s.heartbeat_time = beats.get(s.rank, s.heartbeat_time)
         return self.states
 
 
@@ -223,6 +226,7 @@ class Exchange:
         self.published_verdict: dict | None = None
         self.head_seq = 0
         self.body_out = 0
+        self.body_sent = b""
         self.skipped_formats = 0
 
     # -- keys ---------------------------------------------------------------------------------------
@@ -426,19 +430,24 @@ class Exchange:
                 remote += [s for s in decode_states(blob, chosen).states if s.rank not in mine]
             except SummaryFormatError:
                 continue
+        for s in remote:  # the digests are newer than the states read (those only while wanted)
+            s.heartbeat_time = max(s.heartbeat_time, newest[s.rank][1].heartbeat)
         self.head_seq += 1
-        body_states = [s for s in local if s.rank in chosen] + remote
+        body_states = sorted([s for s in local if s.rank in chosen] + remote, key=lambda s: s.rank)
+        # The body is written only when it changed: times relative to the hour, heartbeats in the head.
+        body = encode_states("view", body_states, now - now % 3600, heartbeats=False) if body_states else b""
+        if body and body != self.body_sent:
+            self.body_out += 1
         head = ViewHead(
             aggregator=self.node, term=self.heartbeat.lease.term if self.heartbeat else 0, seq=self.head_seq,
             time=now, nodes=len(nodes) + 1, ranks=sel.total, suspect=sel.suspect, quiet=round(sel.quiet, 3),
-            blocked=sel.blocked, want=None if full else want, body=self.body_out,
-            body_ranks=sorted(s.rank for s in body_states), verdict=verdict,
+            blocked=sel.blocked, want=None if full else want, body=self.body_out if body else 0,
+            body_ranks=[s.rank for s in body_states], verdict=verdict,
+            beats=[round(s.heartbeat_time, 3) for s in body_states],
         )
-        if body_states:
-            self.body_out += 1
-            head.body = self.body_out
-            client.multi_set([self._k("view"), self._k("body")],
-                             [head.encode(), encode_states("view", body_states, now)])
+        if body and body != self.body_sent:
+            client.multi_set([self._k("view"), self._k("body")], [head.encode(), body])
+            self.body_sent = body
         else:
             client.set(self._k("view"), head.encode())
         self.head, self.published_verdict = head, verdict

@@ -63,12 +63,13 @@ def _deref(table: list[dict], i: int) -> dict | None:
 
 
 def _t(t: float, base: float) -> int | None:
-    """A time as microseconds from ``base``; 0.0 (never) stays distinct."""
-    return None if t == 0.0 else round((t - base) * 1e6)
+    """A time as whole microseconds from ``base``; 0.0 (never) stays distinct. Integer arithmetic, so that a
+    time decoded and encoded again, against any base, gives the same microsecond."""
+    return None if t == 0.0 else round(t * 1e6) - round(base * 1e6)
 
 
 def _ut(v: int | None, base: float) -> float:
-    return 0.0 if v is None else base + v / 1e6
+    return 0.0 if v is None else (round(base * 1e6) + v) / 1e6
 
 
 def encode_members(members: list[int] | None) -> list[list[int]] | None:
@@ -112,8 +113,10 @@ def _uncall(v: list, table: list[dict], base: float) -> Call:
 
 
 # -- states -----------------------------------------------------------------------------------------
-def encode_states(node: str, states: list[RankState], now: float) -> bytes:
-    """One node's ranks, trimmed to what another node's diagnosis reads."""
+def encode_states(node: str, states: list[RankState], now: float, *, heartbeats: bool = True) -> bytes:
+    """One node's ranks, trimmed to what another node's diagnosis reads. Times are written relative to ``now``;
+    ``heartbeats=False`` leaves the heartbeat times out (0.0 when decoded), so that ranks whose only change is
+    their heartbeat encode to the same bytes (the view's body; the heartbeats travel in its head)."""
     sites = _Sites()
     ranks = []
     for s in states:
@@ -129,7 +132,8 @@ def encode_states(node: str, states: list[RankState], now: float) -> bytes:
         ranks.append([
             s.rank, s.local_rank, s.world_size, s.host, s.pid, s.job_id, _t(s.start_time, now), s.restart_count,
             s.backend, s.alive, s.proc_state, s.exit_state, s.exit_reason, _t(s.exit_time, now),
-            _t(s.heartbeat_time, now), s.step, _t(s.step_time, now), sites.ref(s.main_site), sites.ref(s.main_top_site),
+            _t(s.heartbeat_time, now) if heartbeats else None, s.step, _t(s.step_time, now), sites.ref(s.main_site),
+            sites.ref(s.main_top_site),
             _t(s.main_site_since, now), [sites.ref(f) for f in s.main_stack[:MAIN_STACK_KEPT]],
             [[ld.get("index"), sites.ref(ld.get("site")), ld.get("length"), ld.get("epochs"),
               _t(ld.get("time") or 0.0, now), ld.get("step")] for ld in s.loaders],
