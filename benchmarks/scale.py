@@ -34,10 +34,14 @@ sent and received) of one exchange of every node, summed over the nodes, during 
 aggregator's lease renewals counted per 2-second interval); ``aggregator_cpu_pct`` - CPU of node 0's
 process (the aggregator, after; one node's watchdog exchange and diagnosis, before) from the healthy
 phase to the end, in % of one core; ``verdict_latency_s`` - from the hang to the moment the last node
-holds the verdict (after: it read a head whose verdict names the hung rank; before: it finished reading
-every node's post-hang state and the window had passed - the diagnosis itself not counted), null if
-not every node had it by the cap; ``probe_p50_ms``/``probe_p99_ms`` - the probe's set+get+add with the
-nodes running; ``probe_p99_ms_without`` - the same, before they started.
+has the verdict, null if not every node had it by the cap. Every watchdog diagnoses for itself every
+poll, so a node has it at the first poll where it holds the hung rank's state and the stall window has
+passed since the job's last progress (node 0 runs that diagnosis; for the others it is not run, only
+timed - ``after``: a body holding the hung rank, from a head that says how long the job has been
+quiet; ``before``: a read of every node's post-hang state) - or, ``after``, where it read the
+aggregator's verdict first (the time for that alone is printed under the table);
+``probe_p50_ms``/``probe_p99_ms`` - the probe's set+get+add with the nodes running;
+``probe_p99_ms_without`` - the same, before they started.
 
 Every node has connected and exchanged once before anything is measured: the store server looks up
 each new client's name in its only thread, and where reverse DNS is slow every client waits (see
@@ -209,7 +213,8 @@ class SimNode:
         self.job = SimJob(cfg.nodes, t0=cfg.t0)
         self.log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
         self.rec: dict[str, Any] = {"log": self.log, "verdict": None, "rounds": [], "published": None,
-                                    "partial": None, "errors": 0, "error": "", "role": "", "term": 0}
+                                    "partial": None, "errors": 0, "error": "", "role": "", "term": 0,
+                                    "read_verdict": None, "own": None}
         self.phase = random.Random(n).random() * POLL
         self.ex: Exchange | None = None
         self.old: OldExchange | None = None
@@ -263,10 +268,21 @@ class SimNode:
                 r1, b1 = self._traffic()
                 self.log.append((now, r1 - r0, b1 - b0))
                 self.started = True
-                if self.rec["verdict"] is None and _verdict_names(view.head, self.cfg.culprit):
-                    self.rec["verdict"] = time.time()
-                if view.head is not None:
-                    self.rec["term"] = max(self.rec["term"], view.head.term)
+                if self.rec["read_verdict"] is None and _verdict_names(view.head, self.cfg.culprit):
+                    self.rec["read_verdict"] = time.time()
+                head = view.head
+                if head is not None:
+                    self.rec["term"] = max(self.rec["term"], head.term)
+                    # Its own diagnosis (the watchdog's, every poll, on its ranks and the body's) declares the
+                    # stall now: it holds the hung rank's state and the window has passed since the job's last
+                    # progress. Simulated followers do not run it (a thousand of them on one core would be the
+                    # bottleneck); the tests check that it names the hung rank from exactly this.
+                    if (self.rec["own"] is None and head.suspect and self.cfg.culprit in head.body_ranks
+                            and ex.body_seq == head.body and now >= head.time - head.quiet + self.cfg.window):
+                        self.rec["own"] = time.time()
+                first = [t for t in (self.rec["read_verdict"], self.rec["own"]) if t is not None]
+                if first and self.rec["verdict"] is None:
+                    self.rec["verdict"] = min(first)
                 if leading:
                     self.remote = view.remote_states()
             if leading:
@@ -327,6 +343,7 @@ class SimNode:
                              "findings": result.findings}
             if self.ex is not None and any(self.cfg.culprit in f.ranks for f in result.findings):
                 self.rec["verdict"] = self.rec["verdict"] or time.time()
+                self.rec["read_verdict"] = self.rec["read_verdict"] or time.time()
 
     def snapshot(self) -> dict:
         rec = dict(self.rec)
@@ -483,9 +500,12 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             requests += lease_req
             nbytes = (nbytes or 0) + lease_bytes
     # The verdict on every node.
+    read = None
     if mode == "after":
         seen = [rec["verdict"] for rec in results.values()]
         latency = max(seen) - hang_time if seen and all(seen) else None
+        reads = [rec.get("read_verdict") for rec in results.values()]
+        read = max(reads) - hang_time if reads and all(reads) else None
     else:
         published = [rec["published"] for rec in results.values()]
         latency = None
@@ -521,6 +541,7 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
         "probe_p99_ms_without": _r(_pct(without, 0.99)),
         "_notes": {"store_cpu_pct": round(store_cpu, 1),
                    "lease_terms": max(rec.get("term", 0) for rec in results.values()), "probe_samples": len(with_),
+                   "aggregator_verdict_read_by_all_s": round(read, 2) if read is not None else None,
                    "nodes_with_errors": len(errors),
                    "an_error": errors[0] if errors else "",
                    "probe_samples_without": len(without),
@@ -552,6 +573,9 @@ def render(rows: list[dict], args) -> str:
                  f"{args.window + 5:g} s); probe: set+get+add every 10 ms; poll = one exchange of every node")
     for r in rows:
         n = r["_notes"]
+        if n.get("aggregator_verdict_read_by_all_s") is not None:
+            lines.append(f"N={r['nodes']} {r['exchange']}: the aggregator's verdict read by every node after "
+                         f"{n['aggregator_verdict_read_by_all_s']:.1f} s")
         if n["nodes_planned_not_measured"]:
             lines.append(f"N={r['nodes']} {r['exchange']}: {n['nodes_planned_not_measured']} nodes finished no "
                          "exchange in the healthy phase: their requests/bytes are what one exchange asks for")
