@@ -24,20 +24,25 @@ the watchdog's real cadence (a poll every second; an exchange every 2 s while a 
   publishes its ranks' full states and reads every other node's key, four round trips per node. Node 0
   decodes what it reads and diagnoses all ranks every poll, as the watchdog did; the others only read.
 
-Phases: ``--baseline`` s of the probe alone (``probe_p99_ms_without``); the nodes start and warm up;
-``--healthy`` s of normal training (requests and bytes per poll); then one rank hangs in its DataLoader
-and every node watches for the verdict, until all have it or ``--window`` + ``--cap`` s have passed.
-The probe's figures cover the healthy and the hung phases.
+Phases: the probe starts; the nodes start, connect and exchange once, then ``--warmup`` s; the healthy
+phase (``--healthy`` s): the nodes pause and run in turns of ``--ab`` s (paused nodes keep their
+connections and do nothing; the lease holder keeps renewing), so that the probe's figures without and
+with dtwatch's traffic are taken under the same background load; then one rank hangs in its DataLoader
+and every node watches for the verdict, for ``--window`` + ``--cap`` s.
 
 Row fields (``--json``): ``store_requests_per_poll`` and ``bytes_per_poll`` - requests and bytes (values
 sent and received) of one exchange of every node, summed over the nodes, during the healthy phase (the
 aggregator's lease renewals counted per 2-second interval); ``aggregator_cpu_pct`` - CPU of node 0's
-process (the aggregator, after; one node's watchdog exchange and diagnosis, before) from the healthy
-phase to the end, in % of one core; ``verdict_latency_s`` - from the hang to the moment the last node
-holds the verdict (after: it read a head whose verdict names the hung rank; before: it finished reading
-every node's post-hang state and the window had passed - the diagnosis itself not counted), null if
-not every node had it by the cap; ``probe_p50_ms``/``probe_p99_ms`` - the probe's set+get+add with the
-nodes running; ``probe_p99_ms_without`` - the same, before they started.
+process (the aggregator, after; one node's watchdog exchange and diagnosis, before) over the last running
+turn and the hung phase, in % of one core; ``verdict_latency_s`` - from the hang to the moment the last node
+has the verdict, null if not every node had it by the cap. Every watchdog diagnoses for itself every
+poll, so a node has it at the first poll where it holds the hung rank's state and the stall window has
+passed since the job's last progress (node 0 runs that diagnosis; for the others it is not run, only
+timed - ``after``: a body holding the hung rank, from a head that says how long the job has been
+quiet; ``before``: a read of every node's post-hang state) - or, ``after``, where it read the
+aggregator's verdict first (the time for that alone is printed under the table);
+``probe_p50_ms``/``probe_p99_ms`` - the probe's set+get+add while the nodes run (healthy turns, less
+their first 1.5 s, and the hung phase); ``probe_p99_ms_without`` - the same while they are paused.
 
 Every node has connected and exchanged once before anything is measured: the store server looks up
 each new client's name in its only thread, and where reverse DNS is slow every client waits (see
@@ -209,7 +214,8 @@ class SimNode:
         self.job = SimJob(cfg.nodes, t0=cfg.t0)
         self.log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
         self.rec: dict[str, Any] = {"log": self.log, "verdict": None, "rounds": [], "published": None,
-                                    "partial": None, "errors": 0, "error": "", "role": "", "term": 0}
+                                    "partial": None, "errors": 0, "error": "", "role": "", "term": 0,
+                                    "read_verdict": None, "own": None}
         self.phase = random.Random(n).random() * POLL
         self.ex: Exchange | None = None
         self.old: OldExchange | None = None
@@ -228,7 +234,7 @@ class SimNode:
         self.next_diagnosis = 0.0
         self.started = False
 
-    def _tick_at(self, t: float) -> float:
+    def tick_at(self, t: float) -> float:
         """The first poll of this node at or after ``t``."""
         return math.ceil((t - self.phase) / POLL) * POLL + self.phase
 
@@ -245,7 +251,7 @@ class SimNode:
             self.rec["errors"] += 1
             self.rec["error"] = repr(exc)
             self.round = None
-            return self._tick_at(now + POLL)
+            return self.tick_at(now + POLL)
 
     def _after(self, now: float) -> float:
         from dtwatch.watchdog.exchange import AGGREGATOR
@@ -263,18 +269,29 @@ class SimNode:
                 r1, b1 = self._traffic()
                 self.log.append((now, r1 - r0, b1 - b0))
                 self.started = True
-                if self.rec["verdict"] is None and _verdict_names(view.head, self.cfg.culprit):
-                    self.rec["verdict"] = time.time()
-                if view.head is not None:
-                    self.rec["term"] = max(self.rec["term"], view.head.term)
+                if self.rec["read_verdict"] is None and _verdict_names(view.head, self.cfg.culprit):
+                    self.rec["read_verdict"] = time.time()
+                head = view.head
+                if head is not None:
+                    self.rec["term"] = max(self.rec["term"], head.term)
+                    # Its own diagnosis (the watchdog's, every poll, on its ranks and the body's) declares the
+                    # stall now: it holds the hung rank's state and the window has passed since the job's last
+                    # progress. Simulated followers do not run it (a thousand of them on one core would be the
+                    # bottleneck); the tests check that it names the hung rank from exactly this.
+                    if (self.rec["own"] is None and head.suspect and self.cfg.culprit in head.body_ranks
+                            and ex.body_seq == head.body and now >= head.time - head.quiet + self.cfg.window):
+                        self.rec["own"] = time.time()
+                first = [t for t in (self.rec["read_verdict"], self.rec["own"]) if t is not None]
+                if first and self.rec["verdict"] is None:
+                    self.rec["verdict"] = min(first)
                 if leading:
                     self.remote = view.remote_states()
             if leading:
                 self._diagnose(now)
             self.rec["role"] = ex.role
         if leading or ex.suspect:
-            return self._tick_at(now + POLL * 0.999)
-        return self._tick_at(max(now + POLL * 0.999, ex.last + INTERVAL))
+            return self.tick_at(now + POLL * 0.999)
+        return self.tick_at(max(now + POLL * 0.999, ex.last + INTERVAL))
 
     def _before(self, now: float) -> float:
         old = self.old
@@ -296,9 +313,9 @@ class SimNode:
                 self.round_start = (time.time(), r0, b0)
         if self.lead and now >= self.next_diagnosis:
             self._diagnose(now)
-            self.next_diagnosis = self._tick_at(now + POLL * 0.999)
+            self.next_diagnosis = self.tick_at(now + POLL * 0.999)
         if self.round is None:
-            return self._tick_at(now + POLL * 0.999)
+            return self.tick_at(now + POLL * 0.999)
         for _ in range(ROUND_CHUNK):
             try:
                 next(self.round)
@@ -310,7 +327,7 @@ class SimNode:
                 if self.lead:
                     self.remote = done.value
                 self.round = None
-                return self._tick_at(now + POLL * 0.999)
+                return self.tick_at(now + POLL * 0.999)
         return now if not self.lead else min(time.time(), self.next_diagnosis)  # the round goes on
 
     def _diagnose(self, now: float) -> None:
@@ -327,6 +344,7 @@ class SimNode:
                              "findings": result.findings}
             if self.ex is not None and any(self.cfg.culprit in f.ranks for f in result.findings):
                 self.rec["verdict"] = self.rec["verdict"] or time.time()
+                self.rec["read_verdict"] = self.rec["read_verdict"] or time.time()
 
     def snapshot(self) -> dict:
         rec = dict(self.rec)
@@ -341,7 +359,7 @@ class SimNode:
             self.ex.close()
 
 
-def nodes_main(cfg: Config, node_ids: list[int], lead: bool, hang_at, stop, out_q, ready_q) -> None:
+def nodes_main(cfg: Config, node_ids: list[int], lead: bool, hang_at, stop, paused, out_q, ready_q) -> None:
     """One process of simulated nodes: one thread, the nodes taking turns by their next due time."""
     _pin(1)
     import heapq
@@ -362,6 +380,9 @@ def nodes_main(cfg: Config, node_ids: list[int], lead: bool, hang_at, stop, out_
         if delay > 0:
             stop.wait(delay)
         now = time.time()
+        if paused.is_set():  # on its poll grid, doing nothing (the lease holder's renewals go on)
+            heapq.heappush(heap, (nodes[n].tick_at(now + POLL * 0.999), n))
+            continue
         heapq.heappush(heap, (nodes[n].tick(now), n))
         if not ready and all(node.started for node in nodes.values()):
             ready_q.put(len(node_ids))  # every node connected and through its first exchange
@@ -396,7 +417,7 @@ def _proc_cpu(pid: int) -> float:
 
 def run_row(mode: str, nodes: int, args, say) -> dict:
     ctx = mp.get_context("spawn")
-    stop_store, stop_probe, stop_nodes = ctx.Event(), ctx.Event(), ctx.Event()
+    stop_store, stop_probe, stop_nodes, paused = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     port_q, out_q, ready_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
     hang_at = ctx.Value("d", 0.0)
     store = ctx.Process(target=store_main, args=(port_q, stop_store), daemon=True)
@@ -405,38 +426,50 @@ def run_row(mode: str, nodes: int, args, say) -> dict:
     probe = ctx.Process(target=probe_main, args=(port, out_q, ready_q, stop_probe, 0.01), daemon=True)
     probe.start()
     ready_q.get(timeout=120)
-    t_base0 = time.time()
-    time.sleep(args.baseline)
-    t_base1 = time.time()
     culprit = (nodes // 2) * RANKS_PER_NODE + 3
     cfg = Config(mode, nodes, port, time.time() - 60.0, args.window, culprit)
-    procs = [ctx.Process(target=nodes_main, args=(cfg, [0], True, hang_at, stop_nodes, out_q, ready_q), daemon=True)]
+    procs = [ctx.Process(target=nodes_main, args=(cfg, [0], True, hang_at, stop_nodes, paused, out_q, ready_q),
+                         daemon=True)]
     procs[0].start()
     ready_q.get(timeout=120)
     time.sleep(1.5 * POLL)  # node 0 exchanges first: it holds the lease
     rest = list(range(1, nodes))
     k = max(1, min(args.procs, len(rest)))
     for i in range(k):
-        p = ctx.Process(target=nodes_main, args=(cfg, rest[i::k], False, hang_at, stop_nodes, out_q, ready_q),
+        p = ctx.Process(target=nodes_main, args=(cfg, rest[i::k], False, hang_at, stop_nodes, paused, out_q, ready_q),
                         daemon=True)
         p.start()
         procs.append(p)
     for _ in range(k):
         ready_q.get(timeout=300)
     time.sleep(args.warmup)
+    # Healthy phase: the nodes pause and run in turns, so that the probe's figures without and with dtwatch's
+    # traffic are taken under the same background load (the machine is shared). Samples right after a switch
+    # are left out (nodes resuming catch up on the exchanges they skipped).
+    windows: list[tuple[float, float, str]] = []
     t_h0 = time.time()
-    store_cpu0 = _proc_cpu(store.pid or 0)
-    time.sleep(args.healthy)
+    for _ in range(max(1, round(args.healthy / (2 * args.ab)))):
+        paused.set()
+        a = time.time()
+        time.sleep(args.ab)
+        paused.clear()
+        windows.append((a + 0.5, time.time(), "without"))
+        b = time.time()
+        time.sleep(args.ab)
+        windows.append((b + 1.5, time.time(), "with"))
     t_h1 = time.time()
+    cpu_from = windows[-1][0] - 1.5
+    store_cpu0 = _proc_cpu(store.pid or 0)
     hang_at.value = t_h1
     job = SimJob(nodes, t0=cfg.t0)
     job.hang(culprit, t_h1)
     hang_time = job.hang_time
+    windows.append((t_h1, hang_time + args.window + args.cap, "with"))
     deadline = hang_time + args.window + args.cap
     say(f"  {mode} N={nodes}: hang at +{hang_time - t_h0:.1f}s; waiting {deadline - time.time():.0f}s for the verdict")
     time.sleep(max(0.0, deadline - time.time()))  # the nodes record when they saw it; stopping early would cut that
     t_end = time.time()
-    store_cpu = (_proc_cpu(store.pid or 0) - store_cpu0) / (t_end - t_h0) * 100
+    store_cpu = (_proc_cpu(store.pid or 0) - store_cpu0) / (t_end - t_h1) * 100
     stop_nodes.set()
     results: dict = {}
     lead_cpu: list = []
@@ -451,11 +484,11 @@ def run_row(mode: str, nodes: int, args, say) -> dict:
         p.join(timeout=30)
         if p.is_alive():
             p.kill()
-    return summarize(mode, nodes, results, lead_cpu, samples, (t_base0, t_base1), (t_h0, t_h1), hang_time, t_end,
-                     store_cpu, args)
+    return summarize(mode, nodes, results, [c for c in lead_cpu if c[0] >= cpu_from], samples, windows,
+                     (t_h0, t_h1), hang_time, t_end, store_cpu, args)
 
 
-def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time, t_end, store_cpu, args) -> dict:
+def summarize(mode, nodes, results, lead_cpu, samples, windows, healthy, hang_time, t_end, store_cpu, args) -> dict:
     t_h0, t_h1 = healthy
     req_per_exchange, bytes_per_exchange = [], []
     planned = 0
@@ -473,7 +506,7 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             bytes_per_exchange.append(per_node * (nodes - 1))
     requests = sum(req_per_exchange) / len(req_per_exchange) * nodes if req_per_exchange else None
     nbytes = sum(bytes_per_exchange) / len(bytes_per_exchange) * nodes if bytes_per_exchange else None
-    cpu_rows = [c for c in lead_cpu if c[0] >= t_h0]
+    cpu_rows = lead_cpu
     cpu_pct = lease_req = lease_bytes = None
     if len(cpu_rows) >= 2:
         (ta, ca, ra, ba), (tb, cb, rb, bb) = cpu_rows[0], cpu_rows[-1]
@@ -483,9 +516,12 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             requests += lease_req
             nbytes = (nbytes or 0) + lease_bytes
     # The verdict on every node.
+    read = None
     if mode == "after":
         seen = [rec["verdict"] for rec in results.values()]
         latency = max(seen) - hang_time if seen and all(seen) else None
+        reads = [rec.get("read_verdict") for rec in results.values()]
+        read = max(reads) - hang_time if reads and all(reads) else None
     else:
         published = [rec["published"] for rec in results.values()]
         latency = None
@@ -500,7 +536,7 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
                 latency = max(times) - hang_time
     verdicts = sum(1 for rec in results.values() if (rec["verdict"] if mode == "after" else rec["rounds"]))
     if os.environ.get("SCALE_SAVE"):  # the raw figures, for a closer look
-        raw = {"samples": samples, "t": [base, healthy, hang_time, t_end],
+        raw = {"samples": samples, "t": [windows, healthy, hang_time, t_end], "nodes": results,
                "verdicts": {n: r["verdict"] for n, r in results.items()}}
         Path(os.environ["SCALE_SAVE"]).write_text(json.dumps(raw))
     errors = [rec["error"] for rec in results.values() if rec["errors"]]
@@ -509,8 +545,8 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
             rec = results[n]
             exchanges = [(round(t - t_h0, 1), r, b) for t, r, b in rec["log"]][:20]
             print(n, rec["role"], rec["errors"], rec["error"][:200], rec["verdict"], exchanges, file=sys.stderr)
-    with_ = [dt * 1000 for t, dt in samples if t_h0 <= t <= t_end]
-    without = [dt * 1000 for t, dt in samples if base[0] <= t <= base[1]]
+    with_ = [dt * 1000 for t, dt in samples if any(a <= t <= b for a, b, kind in windows if kind == "with")]
+    without = [dt * 1000 for t, dt in samples if any(a <= t <= b for a, b, kind in windows if kind == "without")]
     return {
         "nodes": nodes, "exchange": mode,
         "store_requests_per_poll": round(requests) if requests is not None else None,
@@ -521,6 +557,7 @@ def summarize(mode, nodes, results, lead_cpu, samples, base, healthy, hang_time,
         "probe_p99_ms_without": _r(_pct(without, 0.99)),
         "_notes": {"store_cpu_pct": round(store_cpu, 1),
                    "lease_terms": max(rec.get("term", 0) for rec in results.values()), "probe_samples": len(with_),
+                   "aggregator_verdict_read_by_all_s": round(read, 2) if read is not None else None,
                    "nodes_with_errors": len(errors),
                    "an_error": errors[0] if errors else "",
                    "probe_samples_without": len(without),
@@ -552,6 +589,14 @@ def render(rows: list[dict], args) -> str:
                  f"{args.window + 5:g} s); probe: set+get+add every 10 ms; poll = one exchange of every node")
     for r in rows:
         n = r["_notes"]
+        if r["exchange"] == "after" and (r["verdict_latency_s"] is None or n["lease_terms"] > 1
+                                         or n["nodes_with_errors"]):
+            lines.append(f"N={r['nodes']} after: {n['nodes_with_verdict_or_rounds']} nodes had the verdict; lease "
+                         f"terms {n['lease_terms']}; nodes with store errors {n['nodes_with_errors']} "
+                         f"{n['an_error'][:80]}")
+        if n.get("aggregator_verdict_read_by_all_s") is not None:
+            lines.append(f"N={r['nodes']} {r['exchange']}: the aggregator's verdict read by every node after "
+                         f"{n['aggregator_verdict_read_by_all_s']:.1f} s")
         if n["nodes_planned_not_measured"]:
             lines.append(f"N={r['nodes']} {r['exchange']}: {n['nodes_planned_not_measured']} nodes finished no "
                          "exchange in the healthy phase: their requests/bytes are what one exchange asks for")
@@ -571,9 +616,10 @@ def main() -> int:
     ap.add_argument("--nodes", default="16,128,1024", help="comma-separated node counts (default 16,128,1024)")
     ap.add_argument("--exchange", default="before,after", help="before, after or both (default)")
     ap.add_argument("--window", type=float, default=10.0, help="stall window in seconds (default 10)")
-    ap.add_argument("--baseline", type=float, default=8.0, help="seconds of the probe alone (default 8)")
+    ap.add_argument("--ab", type=float, default=4.0,
+                    help="healthy phase: seconds the nodes pause, then run, in turns (default 4)")
     ap.add_argument("--warmup", type=float, default=4.0, help="seconds after every node started (default 4)")
-    ap.add_argument("--healthy", type=float, default=12.0, help="seconds of healthy training measured (default 12)")
+    ap.add_argument("--healthy", type=float, default=16.0, help="seconds of healthy training measured (default 16)")
     ap.add_argument("--cap", type=float, default=15.0, help="seconds after window to wait for the verdict (default 15)")
     ap.add_argument("--procs", type=int, default=6, help="processes for the simulated nodes 1..N-1 (default 6)")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE ('-' = stdout)")

@@ -252,10 +252,9 @@ class Exchange:
              warnings: Iterable[Any] = ()) -> View | None:
         """Exchange if it is time (see :func:`~dtwatch.watchdog.aggregate.exchange_interval`; the aggregator
         also as soon as its verdict changes). While the job looks suspect a follower also reads the view
-        between its exchanges (at every poll, at most four times an interval), so that the verdict reaches it
-        sooner. Returns None
-        when it was not time. Store errors propagate (the caller warns once); the next exchange starts
-        over (the store may have been restarted)."""
+        between its exchanges (at every poll, at most four times an interval), so that what it needs reaches
+        it sooner. Returns None when it was not time. Store errors propagate (the caller warns once); the
+        next exchange starts over (the store may have been restarted)."""
         verdict = verdict_of(incident)
         busy = any(s.open_calls for s in local) or incident is not None or self.suspect
         changed = self.role == AGGREGATOR and verdict != self.published_verdict
