@@ -9,6 +9,7 @@ job synchronises (``loss.item()``, ``torch.cuda.synchronize()``); on gloo it doe
 Before the hang it writes ``<DTWATCH_DIR>/<job>/onset-rank<R>.txt`` with the time it starts hanging.
 Lines that tests assert on carry a ``# site:<name>`` marker.
 """
+import atexit
 import datetime
 import os
 import signal
@@ -26,6 +27,7 @@ import dtwatch.auto
 
 SCENARIO = sys.argv[1]
 HANG_STEP = 4
+used_fsdp = False
 BACKEND = os.environ.get("HANG_BACKEND", "gloo")
 if BACKEND == "gloo_async":
     import dtwatch.testing
@@ -81,6 +83,9 @@ def model_and_opt():
 
 def fsdp_model_and_opt():
     from torch.distributed.fsdp import fully_shard
+
+    global used_fsdp
+    used_fsdp = True
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
@@ -365,6 +370,14 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown scenario {SCENARIO}")
     dist.destroy_process_group()
+    if used_fsdp:
+        # FSDP2 keeps the group alive past destroy_process_group; a gloo worker thread that drops a work
+        # item while the interpreter finalizes aborts the process (torch's teardown race, seen without
+        # dtwatch too). Leave without finalizing, as tests/scripts/gloo_async_semantics.py does.
+        atexit._run_exitfuncs()  # what a normal exit runs first (dtwatch records the rank's end)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
