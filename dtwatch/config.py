@@ -82,6 +82,9 @@ class Config:
     """Count optimizer steps as training steps (until ``dtwatch.step()`` is called explicitly)."""
     watchdog_args: str = ""
     """Extra arguments passed to an auto-started watchdog (e.g. ``--stall-window 30``)."""
+    batch_fingerprint: bool = True
+    """Hash the first batch of each training epoch (its leading bytes, in a background thread) so the
+    watchdog can tell ranks that train on the same data (the ``same_data`` check); off: no batch is read."""
     allow_ptrace: bool = False
     """Let any process of the same user ptrace this rank (``PR_SET_PTRACER_ANY``), so a watchdog sidecar's
     py-spy works on hosts with Yama ``ptrace_scope=1``. Linux only; off by default."""
@@ -169,6 +172,8 @@ OPTIONS: dict[str, Option] = {
     "auto_step": Option("DTWATCH_AUTO_STEP", _parse_bool, lambda v: isinstance(v, bool), "1/0, true/false"),
     "watchdog_args": Option("DTWATCH_WATCHDOG_ARGS", str, lambda v: isinstance(v, str), "watchdog command-line arguments"),
     "allow_ptrace": Option("DTWATCH_ALLOW_PTRACE", _parse_bool, lambda v: isinstance(v, bool), "1/0, true/false"),
+    "batch_fingerprint": Option("DTWATCH_BATCH_FINGERPRINT", _parse_bool, lambda v: isinstance(v, bool),
+                                "1/0, true/false"),
 }
 
 

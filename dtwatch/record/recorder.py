@@ -133,6 +133,7 @@ class Recorder:
         self.probe: Any = None  # _UnattachedProbe while no ring exists
         self.poll: Any = None  # _DefaultGroupPoll while no ring exists
         self.stopped = threading.Event()  # set by uninstall()
+        self.setup: Any = None  # SetupFacts: facts for the setup checks (dtwatch.record.setup_facts)
 
     # -- failure policy -----------------------------------------------------------------------------
     def fail(self, what: str, exc: BaseException | None = None) -> None:
@@ -198,6 +199,8 @@ class Recorder:
         # Published last: a wrapper that sees ``mm`` set finds everything else in place (the poll thread
         # may attach while the main thread calls a collective).
         self.mm = ring.mm
+        if self.setup is not None:
+            self.setup.attached()
         self._stop_watching_for_group()
         self._install_stack_dump()
         if self.config.allow_ptrace:
@@ -283,6 +286,8 @@ class Recorder:
         self.step += 1
         ring, mm = self.ring, self.mm
         if ring is None or mm is None:
+            if ring is None and self.setup is not None:
+                self.setup.step_without_group(self.step)  # never raises
             return
         try:
             now = time.time()
@@ -296,9 +301,10 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a step", exc)
 
-    def loader_started(self, loader: Any) -> None:
+    def loader_started(self, loader: Any) -> int:
+        """Note an epoch of ``loader``; returns its slot in the ring's loader table (-1: none)."""
         if self.ring is None or self.sites is None:
-            return
+            return -1
         try:
             length = len(loader)
         except Exception:
@@ -309,9 +315,10 @@ class Recorder:
         if slot < 0:
             slot = self.ring.add_loader(site)
             if slot < 0:
-                return
+                return -1
         self.loader_index[site] = (slot, epochs + 1)
         self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step)
+        return slot
 
     # -- async completion -----------------------------------------------------------------------------
     def finish(self, off: int, stamp: int, status: int, span: int) -> None:
@@ -743,6 +750,12 @@ def install(**options: Any) -> bool:
                 _patch(rec, dist, name, wrapper)
         _patch_lifecycle(rec)
         _patch_iteration(rec)
+        try:
+            from dtwatch.record.wraps import start_setup_facts
+
+            rec.setup = start_setup_facts(rec, functools.partial(_patch, rec))
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("hooking setup functions (DDP/FSDP wraps, set_device)", exc)
         rec.prev_excepthook = sys.excepthook
 
         def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
@@ -793,6 +806,8 @@ def uninstall() -> bool:
             except Exception:
                 pass
         rec.detach()
+        if rec.setup is not None:
+            rec.setup.close()
         if rec.ring is not None:
             rec.ring.set_exit(ringfmt.EXIT_DETACHED, 0, "dtwatch uninstalled")
         rec.mm = None
@@ -893,11 +908,18 @@ def _patch_iteration(rec: Recorder) -> None:
 
     @functools.wraps(iter_original)
     def __iter__(self: Any) -> Any:
+        slot = -1
         try:
-            rec.loader_started(self)
+            slot = rec.loader_started(self)
         except Exception as exc:  # noqa: BLE001
             rec.fail("recording a DataLoader epoch", exc)
-        return iter_original(self)
+        iterator = iter_original(self)
+        if slot >= 0 and rec.setup is not None:
+            try:
+                rec.setup.loader_epoch(self, slot, iterator)  # sampler facts; first batch fingerprinted
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("noting a DataLoader's setup", exc)
+        return iterator
 
     _patch(rec, DataLoader, "__iter__", __iter__)
     try:

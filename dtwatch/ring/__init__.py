@@ -19,7 +19,8 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
   torch version, backend, restart count, device index, GPU UUID), then live fields at
   ``LIVE_OFFSET`` (``_LIVE``: heartbeat time and count, the main thread's current site and innermost
   site and since when, step counter and time of the last step, exit state/code/time/reason, dump
-  request/acknowledge counters, table fill counts).
+  request/acknowledge counters, table fill counts), then from ``FACTS_OFFSET`` the rank's setup facts
+  (a checksummed JSON document, :mod:`dtwatch.ring.setup_facts`).
 * **Groups** (``GROUP_SIZE`` = 128 each): process-group name (torch's ``group_name``, the same on every
   rank), description, member count, this rank's rank in the group, where its members lie in the member
   pool, the group's C++ sequence number as last sampled and when it last changed.
@@ -64,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from dtwatch.ring.setup_facts import FACTS_OFFSET, read_facts
 
 MAGIC = b"DTWRING\0"
 VERSION = 2
@@ -120,6 +123,7 @@ OFF_MAIN_STACK = LIVE_OFFSET + 356  # <8I: site ids of the main thread's user fr
 MAIN_STACK_DEPTH = 8
 MAIN_STACK = struct.Struct(f"<{MAIN_STACK_DEPTH}I")
 assert _LIVE.size == 352
+assert OFF_MAIN_STACK + MAIN_STACK.size <= FACTS_OFFSET  # the setup-facts block follows the live fields
 
 HEARTBEAT = struct.Struct("<dQ")
 MAIN_SITE = struct.Struct("<IId")
@@ -570,6 +574,7 @@ class RankSnapshot:
     read_time: float = field(default_factory=time.time)
     # SEQ_CLOCK_DTYPE: when the sampler saw each group's counter advance, oldest first (empty: none kept)
     seq_clock: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=SEQ_CLOCK_DTYPE))
+    facts: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.ring.setup_facts)
 
     # -- lookups ----------------------------------------------------------------------------------
     def site(self, site_id: int) -> Site | None:
@@ -737,7 +742,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         dump_ack=dump_ack, stack_signal=I32.unpack_from(data, OFF_STACK_SIGNAL)[0],
         main_stack=[x for x in (site_of(i) for i in MAIN_STACK.unpack_from(data, OFF_MAIN_STACK) if i) if x is not None],
         groups=groups, sites=sites, loaders=loaders, records=valid,  # a copy: never a view of `data`
-        seq_clock=seq_clock,
+        seq_clock=seq_clock, facts=read_facts(data),
     )
 
 

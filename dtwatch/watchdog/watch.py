@@ -38,6 +38,7 @@ from dtwatch.diagnose import (
     uneven_loader_warnings,
 )
 from dtwatch.diagnose.evidence import main_thread_frames
+from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
 from dtwatch.record.launcher import lock_path
@@ -468,9 +469,12 @@ class Watchdog:
         if straggler is not None:
             found.append(straggler)
         found += silent_desyncs(states, now, self.silent_reported, self.evidence([]))
+        found += setup_warnings(states, now)
         for f in found:
             if f.details.get("silent"):
                 key = (f.kind, f.group, f.seq)
+            elif f.details.get("check"):
+                key = ("setup", f.details["check"])  # each setup check warns once per run
             else:
                 key = (f.kind, tuple(f.ranks), json.dumps(f.details.get("loader", {}).get("lengths")) if f.kind != "straggler" else "")
             if key in self.warned:
