@@ -69,7 +69,7 @@ def test_each_recorded_mistake_gives_its_one_warning_with_ranks_and_line(name):
     found = setup_warnings(states, now)
     assert [f.details["check"] for f in found] == [check], [f.summary for f in found]
     f = found[0]
-    assert f.kind == kind and f.severity == "warning" and f.ranks == ranks
+    assert f.kind == kind and f.severity == "warning" and f.ranks == ranks and f.site is not None
     assert f.site["file"].endswith(WORKER_FILE) and f.site["line"] == site_line(marker, WORKER)
     assert f.site["source"]  # the line's text, shown with the warning
 

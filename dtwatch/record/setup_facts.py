@@ -306,8 +306,9 @@ def _on_first_batch(iterator: Any, hand_over: Any) -> None:
     attribute shadows the iterator's ``_next_data`` for one call and removes itself (later batches cost
     nothing)."""
     next_data = getattr(type(iterator), "_next_data", None)
-    if next_data is None or "_next_data" in getattr(iterator, "__dict__", {}):
-        return
+    state = getattr(iterator, "__dict__", None)
+    if next_data is None or state is None or "_next_data" in state:
+        return  # not torch's iterator protocol, or already waiting for its first batch
 
     def first_batch() -> Any:
         try:

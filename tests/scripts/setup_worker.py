@@ -74,11 +74,11 @@ def main() -> None:
     if SCENARIO == "not_distributed":
         # Launched by torchrun, but the script never initialises torch.distributed (as Accelerate on CPU
         # without ACCELERATE_USE_CPU): every rank trains alone.
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        alone = Net()
+        opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         deadline = time.time() + float(os.environ.get("ALONE_SECONDS", "16"))
         while time.time() < deadline:
-            loss = model(torch.randn(8, 8)).pow(2).mean()
+            loss = alone(torch.randn(8, 8)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()  # site:alone_step
@@ -94,7 +94,7 @@ def main() -> None:
         # evaluation loop on every rank over the whole validation set (no_grad: not training data).
         model = DDP(Net())
         data = dataset(64)
-        sampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
+        sampler: DistributedSampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
         loader = DataLoader(data, batch_size=8, sampler=sampler, drop_last=True)
         val = DataLoader(dataset(32, seed=1), batch_size=8)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
