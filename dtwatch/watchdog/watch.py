@@ -471,6 +471,7 @@ class Watchdog:
         found += silent_desyncs(states, now, self.silent_reported, self.evidence([]))
         found += setup_warnings(states, now)
         for f in found:
+            key: tuple
             if f.details.get("silent"):
                 key = (f.kind, f.group, f.seq)
             elif f.details.get("check"):
