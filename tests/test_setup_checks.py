@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
+from dtwatch.config import Config
 from dtwatch.diagnose.setup import (
     CHECKS,
     SETTLE_S,
@@ -25,8 +26,9 @@ from dtwatch.diagnose.setup import (
 )
 from dtwatch.diagnose.state import RankState
 from dtwatch.record.fingerprint import LEAF_BYTES, dataset_signature, fingerprint
+from dtwatch.record.recorder import Recorder
 from dtwatch.record.samplers import describe_loader, training_now
-from dtwatch.record.setup_facts import _fit
+from dtwatch.record.setup_facts import SetupFacts, _fit
 from dtwatch.report.capture import load_fixture
 from dtwatch.ring.setup_facts import (
     FACTS_CAPACITY,
@@ -317,3 +319,45 @@ def test_checks_cli_lists_every_check_with_its_costs():
     for c in doc["checks"]:
         assert c["kind"] and c["rank_cost"] and c["watchdog_cost"] and c["opt_out"]
     assert "DTWATCH_BATCH_FINGERPRINT=0" in doc["checks"][2]["opt_out"]
+
+
+def unattached_facts(tmp_path, **options) -> SetupFacts:
+    """The setup facts of a real recorder that has no ring yet (no process group): kept in memory."""
+    return SetupFacts(Recorder(Config(dir=str(tmp_path), job_id="facts", watchdog="off", **options)))
+
+
+def test_a_loader_epoch_notes_the_sampler_and_fingerprints_only_the_first_batch(tmp_path):
+    facts = unattached_facts(tmp_path)
+    data = TensorDataset(torch.arange(64.0).reshape(32, 2))
+    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=1, shuffle=False))
+    for _ in range(2):
+        it = facts.loader_epoch(loader, 0, iter(loader))
+        assert "_next_data" in it.__dict__  # waiting for the first batch
+        first = next(it)
+        assert "_next_data" not in it.__dict__  # later batches go straight to torch
+        assert len(list(it)) == 3
+    assert facts.worker.drain()
+    entry = facts.doc["loaders"]["0"]
+    assert (entry["iters"], entry["srank"], entry["epochs"]) == (2, 1, [[0, 0], [0, 0]])
+    assert entry["fp"] == {"1": fingerprint(first), "2": fingerprint(first)}
+    facts.close()
+
+
+def test_batch_fingerprints_can_be_turned_off(tmp_path):
+    facts = unattached_facts(tmp_path, batch_fingerprint=False)
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)
+    it = facts.loader_epoch(loader, 0, iter(loader))
+    assert "_next_data" not in it.__dict__ and len(list(it)) == 2
+    assert facts.worker.drain()
+    assert facts.doc["fp_off"] and facts.doc["loaders"]["0"]["fp"] == {}
+    facts.close()
+
+
+def test_a_weaker_device_fact_never_replaces_a_stronger_one(tmp_path):
+    facts = unattached_facts(tmp_path)
+    site = {"file": "train.py", "line": 30, "function": "main"}
+    facts.set_device({"type": "cuda", "index": 0, "uuid": "GPU-a"}, "current", None)
+    facts.set_device({"type": "cuda", "index": 1, "uuid": "GPU-b"}, "wrap", site)
+    facts.set_device({"type": "cuda", "index": 0, "uuid": "GPU-a"}, "set_device", None)  # e.g. a later call
+    assert facts.doc["device"] == {"type": "cuda", "index": 1, "uuid": "GPU-b", "how": "wrap", "site": site}
+    facts.close()

@@ -54,6 +54,7 @@ GRACE_S = 10.0  # optimizer steps without a process group for this long (WORLD_S
 EPOCHS_KEPT = 4  # sampler (seed, epoch) pairs kept per loader
 FINGERPRINTS_KEPT = 3  # first-batch fingerprints kept per loader
 LOADERS_KEPT = 16
+DEVICE_EVIDENCE = {"current": 0, "set_device": 1, "wrap": 2}
 
 
 def caller_site(frame: FrameType | None) -> dict | None:
@@ -144,7 +145,13 @@ class SetupFacts:
 
     # -- devices and wraps -----------------------------------------------------------------------------
     def set_device(self, device: dict, how: str, site: dict | None) -> None:
+        """Note the device this rank uses. The wrapped model's parameters say it best, then the main
+        thread's ``set_device``, then the device current when the group appeared: a weaker fact never
+        replaces a stronger one."""
         with self.lock:
+            known = self.doc.get("device")
+            if known is not None and DEVICE_EVIDENCE[known.get("how")] > DEVICE_EVIDENCE[how]:
+                return
             self.doc["device"] = {**device, "how": how, "site": site}
         self.write()
 

@@ -150,6 +150,8 @@ def _set_device(rec: Recorder, facts: SetupFacts, original: Callable) -> Callabl
     @functools.wraps(original)
     def set_device(device: Any) -> None:
         original(device)
+        if threading.current_thread() is not threading.main_thread():
+            return  # torch's own threads (a DataLoader's pin-memory thread) follow the main thread's device
         try:
             facts.set_device(_device_fact(torch.device("cuda", torch.cuda.current_device())), "set_device",
                              caller_site(sys._getframe(1)))
