@@ -305,8 +305,9 @@ class SetupCheck:
         return {k: v for k, v in self.__dict__.items() if k != "run"}
 
 
-_LOADER_COST = ("once per DataLoader epoch (its __iter__): about 15 sampler/loader attribute reads and the "
-                "facts block (<= 3 KiB of JSON) re-encoded into the ring; nothing per batch or per collective")
+_LOADER_COST = ("once per DataLoader epoch (its __iter__): about 15 sampler/loader attribute reads and an update "
+                "of the in-memory facts; nothing per batch or per collective")
+_WRITE_COST = "the facts block (<= 3 KiB of JSON) re-encoded and written into the ring, once per change"
 _WATCHDOG_COST = "per poll: the facts block parsed with each ring (<= 3 KiB JSON per rank) and a dict comparison"
 
 CHECKS: tuple[SetupCheck, ...] = (
@@ -317,7 +318,7 @@ CHECKS: tuple[SetupCheck, ...] = (
         "optimizer steps counted while no ring exists; after GRACE_S (10 s) of them the rank makes a ring without "
         "a group, with the line of its optimizer step",
         "per optimizer step while no process group exists (a time comparison); none once the group exists",
-        "none", _WATCHDOG_COST, "DTWATCH_AUTO_STEP=0 (no optimizer-step counting)",
+        "none (the ring without a group is made on the training thread, once)", _WATCHDOG_COST, "DTWATCH_AUTO_STEP=0 (no optimizer-step counting)",
         "needs optimizer.step() (or dtwatch.step()); reported GRACE_S after the first step", not_distributed),
     SetupCheck(
         "same_device", Kind.SAME_DEVICE.value,
@@ -325,7 +326,7 @@ CHECKS: tuple[SetupCheck, ...] = (
         "the device at torch.cuda.set_device, at the DDP/FSDP wrap (its parameters' device) or in use when the "
         "process group appeared: index, UUID and CUDA_VISIBLE_DEVICES",
         "once per torch.cuda.set_device call and per wrap: one current_device() and get_device_properties()",
-        "none", _WATCHDOG_COST, "none (no cost on CPU jobs)",
+        _WRITE_COST, _WATCHDOG_COST, "none (no cost on CPU jobs)",
         "GPU only; without a UUID an index counts only under the same CUDA_VISIBLE_DEVICES", same_device),
     SetupCheck(
         "same_data", Kind.SAME_DATA.value,
@@ -334,8 +335,8 @@ CHECKS: tuple[SetupCheck, ...] = (
         "per training DataLoader epoch: the sampler's class and rank attributes, and a fingerprint of the "
         "first batch; per loader once: a dataset signature (TensorDataset / HF datasets / Subset)",
         _LOADER_COST + "; plus, for the first batch of an epoch, one instance attribute set and removed",
-        "per training epoch: the first batch hashed (<= 64 KiB per tensor, <= 256 KiB in all, blake2b) in a "
-        "daemon thread; per loader once: the dataset signature, likewise bounded",
+        "per training epoch: the first batch hashed (<= 8 KiB per tensor, <= 32 KiB in all, blake2b) in a "
+        "daemon thread; per loader once: the dataset signature, likewise bounded; " + _WRITE_COST,
         _WATCHDOG_COST, "DTWATCH_BATCH_FINGERPRINT=0 (no batch is read; the sampler-rank evidence remains)",
         "evaluation epochs (no grad, or a wrapped model in eval mode) are not compared; batches on a GPU are not "
         "read", same_data),
@@ -343,14 +344,14 @@ CHECKS: tuple[SetupCheck, ...] = (
         "same_shuffle", Kind.SAME_SHUFFLE.value,
         "a DistributedSampler with shuffle=True whose epoch never changes across epochs (set_epoch never called)",
         "the sampler's seed and epoch at each epoch start",
-        _LOADER_COST, "none", _WATCHDOG_COST, "none",
+        _LOADER_COST, _WRITE_COST, _WATCHDOG_COST, "none",
         "reported at the start of the second epoch", same_shuffle),
     SetupCheck(
         "drop_last", Kind.UNEVEN_ITERATIONS.value,
         "a DataLoader's drop_last (or its DistributedSampler's) differs across ranks: batch counts differ "
         "whenever the data does not divide evenly",
         "drop_last of the DataLoader and of its distributed sampler at each epoch start",
-        _LOADER_COST, "none", _WATCHDOG_COST, "none",
+        _LOADER_COST, _WRITE_COST, _WATCHDOG_COST, "none",
         "loaders are matched across ranks by their loop's line", drop_last_differs),
     SetupCheck(
         "config_divergence", Kind.CONFIG_DIVERGENCE.value,
@@ -358,7 +359,7 @@ CHECKS: tuple[SetupCheck, ...] = (
         "wrap line the parameter count, trainable count, dtypes and mixed-precision policy",
         "torch.__version__ when the process group appears; the wrapped module's parameters when it is wrapped",
         "once per wrap: one pass over the module's parameters (numel, dtype); once at attach: torch version",
-        "none", _WATCHDOG_COST, "none",
+        _WRITE_COST, _WATCHDOG_COST, "none",
         f"compared once every rank has stepped or the wraps have been quiet for {SETTLE_S:.0f} s; "
         "wraps are matched by line and process group", config_divergence),
 )

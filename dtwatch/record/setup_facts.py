@@ -2,8 +2,8 @@
 
 Gathered at setup time only (the default group appears, a model is wrapped, ``torch.cuda.set_device``,
 a DataLoader starts an epoch, an optimizer steps while no process group exists), never on a
-collective's path, and written into the ring's facts block (:mod:`dtwatch.ring.setup_facts`). The
-document (JSON)::
+collective's path, and written into the ring's facts block (:mod:`dtwatch.ring.setup_facts`) by a
+background thread (the training thread only updates the document). The document (JSON)::
 
     v         1
     torch     torch.__version__
@@ -102,6 +102,7 @@ class SetupFacts:
         self.alone: _Alone | None = None
         self.alone_checked = False
         self.written = 0  # documents written (tests)
+        self.flush_pending = False
         self.closers: list[Callable[[], None]] = []  # undo what is not a recorder patch (import hooks)
 
     # -- writing -------------------------------------------------------------------------------------
@@ -120,6 +121,20 @@ class SetupFacts:
             payload = _fit(self.doc)
             if write_facts(mm, payload):
                 self.written += 1
+
+    def changed(self) -> None:
+        """The document changed on the training thread: the background worker encodes and writes it (one
+        pending write at a time; it writes the latest document)."""
+        with self.lock:
+            if self.flush_pending:
+                return
+            self.flush_pending = True
+        self.worker.submit(self._flush)
+
+    def _flush(self) -> None:
+        with self.lock:
+            self.flush_pending = False
+        self.write()
 
     def attached(self) -> None:
         """The recorder made this rank's ring (the default group exists): base facts, then everything
@@ -153,7 +168,7 @@ class SetupFacts:
             if known is not None and DEVICE_EVIDENCE[known.get("how")] > DEVICE_EVIDENCE[how]:
                 return
             self.doc["device"] = {**device, "how": how, "site": site}
-        self.write()
+        self.changed()
 
     def wrapped(self, kind: str, modules: list[torch.nn.Module], group: str, policy: str, site: dict | None) -> None:
         """A model was wrapped by DDP / FSDP / fully_shard at ``site`` (before the wrapper's own work)."""
@@ -189,7 +204,7 @@ class SetupFacts:
         if device is not None and device.type not in ("cpu", "meta"):
             self.set_device(_device_fact(device), "wrap", site)
         else:
-            self.write()
+            self.changed()
 
     # -- DataLoader epochs -------------------------------------------------------------------------------
     def loader_epoch(self, loader: Any, slot: int, iterator: Any) -> Any:
@@ -209,7 +224,7 @@ class SetupFacts:
             loaders[key] = entry
             for old in sorted(loaders, key=int)[:-LOADERS_KEPT]:
                 del loaders[old]
-        self.write()
+        self.changed()
         if first_time and facts["dist"] is False:
             self.worker.submit(self._dataset_signature, key, getattr(loader, "dataset", None))
         if self.rec.config.batch_fingerprint and facts["train"]:
