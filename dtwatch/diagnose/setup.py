@@ -318,7 +318,8 @@ CHECKS: tuple[SetupCheck, ...] = (
         "optimizer steps counted while no ring exists; after GRACE_S (10 s) of them the rank makes a ring without "
         "a group, with the line of its optimizer step",
         "per optimizer step while no process group exists (a time comparison); none once the group exists",
-        "none (the ring without a group is made on the training thread, once)", _WATCHDOG_COST, "DTWATCH_AUTO_STEP=0 (no optimizer-step counting)",
+        "none (the ring without a group is made on the training thread, once)", _WATCHDOG_COST,
+        "DTWATCH_AUTO_STEP=0 (no optimizer-step counting)",
         "needs optimizer.step() (or dtwatch.step()); reported GRACE_S after the first step", not_distributed),
     SetupCheck(
         "same_device", Kind.SAME_DEVICE.value,
