@@ -83,8 +83,8 @@ class Config:
     watchdog_args: str = ""
     """Extra arguments passed to an auto-started watchdog (e.g. ``--stall-window 30``)."""
     batch_fingerprint: bool = True
-    """Hash the first batch of each training epoch (its leading bytes, in a background thread) so the
-    watchdog can tell ranks that train on the same data (the ``same_data`` check); off: no batch is read."""
+    """Hash the first batch of a DataLoader's first training epochs (its leading bytes, in a background thread)
+    so the watchdog can tell ranks that train on the same data (the ``same_data`` check); off: no batch is read."""
     allow_ptrace: bool = False
     """Let any process of the same user ptrace this rank (``PR_SET_PTRACER_ANY``), so a watchdog sidecar's
     py-spy works on hosts with Yama ``ptrace_scope=1``. Linux only; off by default."""

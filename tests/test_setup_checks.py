@@ -28,7 +28,7 @@ from dtwatch.diagnose.state import RankState
 from dtwatch.record.fingerprint import LEAF_BYTES, dataset_signature, fingerprint
 from dtwatch.record.recorder import Recorder
 from dtwatch.record.samplers import describe_loader, training_now
-from dtwatch.record.setup_facts import SetupFacts, _fit
+from dtwatch.record.setup_facts import EPOCHS_KEPT, FINGERPRINTS_KEPT, SetupFacts, _fit
 from dtwatch.report.capture import load_fixture
 from dtwatch.ring.setup_facts import (
     FACTS_CAPACITY,
@@ -326,20 +326,27 @@ def unattached_facts(tmp_path, **options) -> SetupFacts:
     return SetupFacts(Recorder(Config(dir=str(tmp_path), job_id="facts", watchdog="off", **options)))
 
 
-def test_a_loader_epoch_notes_the_sampler_and_fingerprints_only_the_first_batch(tmp_path):
+def test_a_loader_epoch_notes_the_sampler_and_fingerprints_its_first_batch_in_the_first_epochs(tmp_path):
     facts = unattached_facts(tmp_path)
     data = TensorDataset(torch.arange(64.0).reshape(32, 2))
-    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=1, shuffle=False))
-    for _ in range(2):
+    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=1))
+    for epoch in range(1, 7):
+        loader.sampler.set_epoch(epoch)
         it = facts.loader_epoch(loader, 0, iter(loader))
-        assert "_next_data" in it.__dict__  # waiting for the first batch
-        first = next(it)
+        # The first epochs' first batches are fingerprinted; later epochs cost the attribute reads only.
+        assert ("_next_data" in it.__dict__) == (epoch <= FINGERPRINTS_KEPT)
+        next(it)
         assert "_next_data" not in it.__dict__  # later batches go straight to torch
         assert len(list(it)) == 3
     assert facts.worker.drain()
     entry = facts.doc["loaders"]["0"]
-    assert (entry["iters"], entry["srank"], entry["epochs"]) == (2, 1, [[0, 0], [0, 0]])
-    assert entry["fp"] == {"1": fingerprint(first), "2": fingerprint(first)}
+    assert (entry["iters"], entry["srank"]) == (6, 1)
+    assert entry["epochs"] == [[0, e] for e in range(1, EPOCHS_KEPT + 1)]
+    assert list(entry["fp"]) == ["1", "2", "3"] and entry["fp"]["1"] != entry["fp"]["2"]  # reshuffled
+    # A change of what the loader says is noted in any epoch (a loader made again at the same line).
+    again = DataLoader(data, batch_size=4, sampler=loader.sampler, drop_last=True)
+    facts.loader_epoch(again, 0, iter(again))
+    assert facts.doc["loaders"]["0"]["drop_last"] == [True, False] and facts.doc["loaders"]["0"]["iters"] == 7
     facts.close()
 
 

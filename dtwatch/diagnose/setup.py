@@ -305,8 +305,9 @@ class SetupCheck:
         return {k: v for k, v in self.__dict__.items() if k != "run"}
 
 
-_LOADER_COST = ("once per DataLoader epoch (its __iter__): about 15 sampler/loader attribute reads and an update "
-                "of the in-memory facts; nothing per batch or per collective")
+_LOADER_COST = ("once per DataLoader epoch (its __iter__): about 15 sampler/loader attribute reads; for a loader's "
+                "first 4 epochs (and any epoch where they change) an update of the in-memory facts; nothing per "
+                "batch or per collective")
 _WRITE_COST = "the facts block (<= 3 KiB of JSON) re-encoded and written into the ring, once per change"
 _WATCHDOG_COST = "per poll: the facts block parsed with each ring (<= 3 KiB JSON per rank) and a dict comparison"
 
@@ -334,9 +335,10 @@ CHECKS: tuple[SetupCheck, ...] = (
         "ranks train on the same data: identical first batches of a training epoch, a non-distributed sampler "
         "over the same dataset, or distributed samplers built with the same rank",
         "per training DataLoader epoch: the sampler's class and rank attributes, and a fingerprint of the "
-        "first batch; per loader once: a dataset signature (TensorDataset / HF datasets / Subset)",
-        _LOADER_COST + "; plus, for the first batch of an epoch, one instance attribute set and removed",
-        "per training epoch: the first batch hashed (<= 8 KiB per tensor, <= 32 KiB in all, blake2b) in a "
+        "first batch (first 3 epochs); per loader once: a dataset signature (TensorDataset / HF datasets / Subset)",
+        _LOADER_COST + "; plus, for the first batch of those epochs, one instance attribute set and removed",
+        "for a loader's first 3 training epochs: the first batch hashed (<= 8 KiB per tensor, <= 32 KiB in all, "
+        "blake2b) in a "
         "daemon thread; per loader once: the dataset signature, likewise bounded; " + _WRITE_COST,
         _WATCHDOG_COST, "DTWATCH_BATCH_FINGERPRINT=0 (no batch is read; the sampler-rank evidence remains)",
         "evaluation epochs (no grad, or a wrapped model in eval mode) are not compared; batches on a GPU are not "

@@ -14,8 +14,9 @@ background thread (the training thread only updates the document). The document 
     wraps     per DDP/FSDP wrap line: {kind, site, group, calls, params, trainable, dtypes, policy, t}
               (sums over the calls at that line; group: the process group or mesh it shards over)
     loaders   per DataLoader slot of the ring's loader table: what dtwatch.record.samplers says at the
-              latest epoch, plus iters (epochs started), epochs ([seed, epoch] of the sampler at each of
-              the last few), fp ({iteration: fingerprint of its first batch}), dsig (dataset signature)
+              latest epoch noted (the first EPOCHS_KEPT, then any that changes it), plus iters (epochs
+              started), epochs ([seed, epoch] of the sampler at each epoch noted), fp ({iteration:
+              fingerprint of its first batch}, the first FINGERPRINTS_KEPT epochs), dsig (dataset signature)
     fp_off    true when batch fingerprints are off (``DTWATCH_BATCH_FINGERPRINT=0``)
     no_pg     {since, site, steps, world, rank, local_rank}: optimizer steps ran for GRACE_S with
               WORLD_SIZE > 1 and no default process group (then the ring is made without one)
@@ -51,10 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("dtwatch")
 
 GRACE_S = 10.0  # optimizer steps without a process group for this long (WORLD_SIZE > 1): not distributed
-EPOCHS_KEPT = 4  # sampler (seed, epoch) pairs kept per loader
-FINGERPRINTS_KEPT = 3  # first-batch fingerprints kept per loader
+EPOCHS_KEPT = 4  # epochs of a loader noted in full: sampler (seed, epoch) pairs kept
+FINGERPRINTS_KEPT = 3  # first-batch fingerprints taken per loader (its first epochs)
 LOADERS_KEPT = 16
 DEVICE_EVIDENCE = {"current": 0, "set_device": 1, "wrap": 2}
+# What a loader's facts say apart from its sampler's progress: a change is noted in any epoch.
+_STABLE_FACTS = ("sampler", "dist", "srank", "sreplicas", "shuffle", "drop_last", "dlen", "iterable", "train")
 
 
 def caller_site(frame: FrameType | None) -> dict | None:
@@ -209,7 +212,10 @@ class SetupFacts:
     # -- DataLoader epochs -------------------------------------------------------------------------------
     def loader_epoch(self, loader: Any, slot: int, iterator: Any) -> Any:
         """A DataLoader started an epoch (``slot`` in the ring's loader table). Returns ``iterator``, whose
-        first batch is handed to the background worker to be fingerprinted."""
+        first batch is handed to the background worker to be fingerprinted.
+
+        The first ``EPOCHS_KEPT`` epochs of a loader are noted in full (the checks decide on them); after
+        that an epoch costs the attribute reads only, unless what they say changed."""
         facts = describe_loader(loader, training_now(list(self.models)))
         key = str(slot)
         with self.lock:
@@ -217,6 +223,9 @@ class SetupFacts:
             first_time = key not in loaders
             prev = loaders.get(key, {})
             iters = prev.get("iters", 0) + 1
+            if iters > EPOCHS_KEPT and all(prev.get(k) == facts[k] for k in _STABLE_FACTS):
+                prev["iters"] = iters  # written with the next change
+                return iterator
             epochs = (prev.get("epochs", []) + [[facts["seed"], facts["epoch"]]])[-EPOCHS_KEPT:]
             entry = {**facts, "iters": iters, "epochs": epochs, "fp": prev.get("fp", {}), "t": time.time()}
             if "dsig" in prev:
@@ -227,7 +236,7 @@ class SetupFacts:
         self.changed()
         if first_time and facts["dist"] is False:
             self.worker.submit(self._dataset_signature, key, getattr(loader, "dataset", None))
-        if self.rec.config.batch_fingerprint and facts["train"]:
+        if self.rec.config.batch_fingerprint and facts["train"] and iters <= FINGERPRINTS_KEPT:
             _on_first_batch(iterator, lambda batch: self.worker.submit(self._fingerprint, key, iters, batch))
         return iterator
 
