@@ -16,7 +16,9 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Itera
 from dtwatch.config import Config
 from dtwatch.diagnose.setup import (
     CHECKS,
+    HOLD_S,
     SETTLE_S,
+    Hold,
     config_divergence,
     drop_last_differs,
     same_data,
@@ -329,9 +331,10 @@ def unattached_facts(tmp_path, **options) -> SetupFacts:
 def test_a_loader_epoch_notes_the_sampler_and_fingerprints_its_first_batch_in_the_first_epochs(tmp_path):
     facts = unattached_facts(tmp_path)
     data = TensorDataset(torch.arange(64.0).reshape(32, 2))
-    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=1))
+    sampler: DistributedSampler = DistributedSampler(data, num_replicas=2, rank=1)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
     for epoch in range(1, 7):
-        loader.sampler.set_epoch(epoch)
+        sampler.set_epoch(epoch)
         it = facts.loader_epoch(loader, 0, iter(loader))
         # The first epochs' first batches are fingerprinted; later epochs cost the attribute reads only.
         assert ("_next_data" in it.__dict__) == (epoch <= FINGERPRINTS_KEPT)
@@ -344,7 +347,7 @@ def test_a_loader_epoch_notes_the_sampler_and_fingerprints_its_first_batch_in_th
     assert entry["epochs"] == [[0, e] for e in range(1, EPOCHS_KEPT + 1)]
     assert list(entry["fp"]) == ["1", "2", "3"] and entry["fp"]["1"] != entry["fp"]["2"]  # reshuffled
     # A change of what the loader says is noted in any epoch (a loader made again at the same line).
-    again = DataLoader(data, batch_size=4, sampler=loader.sampler, drop_last=True)
+    again = DataLoader(data, batch_size=4, sampler=sampler, drop_last=True)
     facts.loader_epoch(again, 0, iter(again))
     assert facts.doc["loaders"]["0"]["drop_last"] == [True, False] and facts.doc["loaders"]["0"]["iters"] == 7
     facts.close()
@@ -368,3 +371,14 @@ def test_a_weaker_device_fact_never_replaces_a_stronger_one(tmp_path):
     facts.set_device({"type": "cuda", "index": 0, "uuid": "GPU-a"}, "set_device", None)  # e.g. a later call
     assert facts.doc["device"] == {"type": "cuda", "index": 1, "uuid": "GPU-b", "how": "wrap", "site": site}
     facts.close()
+
+
+def test_a_live_warning_waits_for_the_ranks_a_moment_behind():
+    states, now = recorded("not_distributed")
+    first_only = [s for s in states if s.rank == 1]  # rank 0 made its ring a moment later
+    hold = Hold()
+    assert hold.due(setup_warnings(first_only, now), now, 2) == []
+    assert hold.due(setup_warnings(states, now + 1.0), now + 1.0, 2)[0].ranks == [0, 1]  # every rank: at once
+    late = Hold()
+    late.due(setup_warnings(first_only, now), now, 2)
+    assert late.due(setup_warnings(first_only, now + HOLD_S), now + HOLD_S, 2)[0].ranks == [1]  # not forever

@@ -368,6 +368,27 @@ CHECKS: tuple[SetupCheck, ...] = (
 )
 
 
+HOLD_S = 3.0  # a live warning waits this long from first sight, unless it names every rank already
+
+
+class Hold:
+    """Live use: ranks do not reach a setup step at the same instant, and each check warns once per run, so
+    a warning first seen on some ranks waits ``hold`` seconds for the ranks a moment behind (or until it
+    names every rank) and then names all of them."""
+
+    def __init__(self, hold: float = HOLD_S) -> None:
+        self.hold = hold
+        self.first_seen: dict[str, float] = {}
+
+    def due(self, found: list[Finding], now: float, world: int) -> list[Finding]:
+        out = []
+        for f in found:
+            first = self.first_seen.setdefault(str(f.details.get("check")), now)
+            if len(f.ranks) >= world or now - first >= self.hold:
+                out.append(f)
+        return out
+
+
 def setup_warnings(states: list[RankState], now: float) -> list[Finding]:
     """Every setup check's warning for these states (at most one per check)."""
     out = []

@@ -38,6 +38,7 @@ from dtwatch.diagnose import (
     uneven_loader_warnings,
 )
 from dtwatch.diagnose.evidence import main_thread_frames
+from dtwatch.diagnose.setup import Hold as SetupHold
 from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
@@ -137,6 +138,7 @@ class Watchdog:
         self.findings_total: dict[tuple[str, str], int] = {}
         self.warned: set[tuple] = set()
         self.silent_reported: set[tuple] = set()  # (group, seq) of silent desyncs reported
+        self.setup_hold = SetupHold()  # setup warnings wait for the ranks a moment behind
         self.warnings: list[Finding] = []
         self.exporters: list = []
         self.webhook = None
@@ -469,7 +471,7 @@ class Watchdog:
         if straggler is not None:
             found.append(straggler)
         found += silent_desyncs(states, now, self.silent_reported, self.evidence([]))
-        found += setup_warnings(states, now)
+        found += self.setup_hold.due(setup_warnings(states, now), now, states[0].world_size)
         for f in found:
             key: tuple
             if f.details.get("silent"):
