@@ -382,3 +382,7 @@ def test_a_live_warning_waits_for_the_ranks_a_moment_behind():
     late = Hold()
     late.due(setup_warnings(first_only, now), now, 2)
     assert late.due(setup_warnings(first_only, now + HOLD_S), now + HOLD_S, 2)[0].ranks == [1]  # not forever
+    # Every rank's facts compared: a warning naming one deviant is due at once.
+    states, now = recorded("drop_last")
+    due = Hold().due(setup_warnings(states, now), now, 2)
+    assert [(f.ranks, f.details["compared"]) for f in due] == [([1], [0, 1])]

@@ -32,9 +32,10 @@ SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts a
 # helpers
 # ---------------------------------------------------------------------------------------------------
 def _finding(kind: str, check: str, ranks: Iterable[int], summary: str, site: dict | None, now: float,
-             **details: Any) -> Finding:
+             compared: Iterable[int], **details: Any) -> Finding:
+    """A setup warning; ``compared``: the ranks whose facts the decision read (see :class:`Hold`)."""
     return Finding(kind=kind, severity=WARNING, ranks=sorted(set(ranks)), summary=summary, site=site,
-                   detected=now, onset=now, details={"check": check, **details})
+                   detected=now, onset=now, details={"check": check, "compared": sorted(set(compared)), **details})
 
 
 def _site_key(site: dict | None) -> tuple | None:
@@ -103,7 +104,7 @@ def not_distributed(states: list[RankState], now: float) -> Finding | None:
         f"{fmt_site(site)} without a process group (init_process_group was never called): every rank trains "
         "alone on its own copy of the model and nothing is averaged across ranks; initialise torch.distributed "
         "(with Accelerate on CPU, launch with --cpu or ACCELERATE_USE_CPU=1)",
-        site, now, world=world, steps={str(s.rank): int(f.get("steps", 0)) for s, f in alone},
+        site, now, ranks, world=world, steps={str(s.rank): int(f.get("steps", 0)) for s, f in alone},
     )
 
 
@@ -139,7 +140,8 @@ def same_device(states: list[RankState], now: float) -> Finding | None:
         f"{fmt_ranks(ranks)} on {by_rank[ranks[0]].host} (local ranks {', '.join(map(str, local.values()))}) all use "
         f"{name}{how}: they share one GPU while others stay idle; bind each process to its local rank "
         "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)",
-        site, now, device=device, local_ranks=local, host=by_rank[ranks[0]].host,
+        site, now, [r for key, v in users.items() if key[0] == by_rank[ranks[0]].host for r, _ in v],
+        device=device, local_ranks=local, host=by_rank[ranks[0]].host,
     )
 
 
@@ -160,7 +162,7 @@ def same_data(states: list[RankState], now: float) -> Finding | None:
                     f"(num_replicas={f0.get('sreplicas')}) on {fmt_ranks(ranks)}: they draw the same samples and "
                     "train on the same data; pass rank=dist.get_rank() and num_replicas=dist.get_world_size() "
                     "(or leave both to their defaults)",
-                    site, now, evidence="sampler_rank", sampler=f0.get("sampler"))
+                    site, now, per_rank, evidence="sampler_rank", sampler=f0.get("sampler"))
         training = {r: f for r, (f, _) in per_rank.items() if f.get("train") and not f.get("dist")}
         # Identical first batches of the same epoch.
         iterations = sorted({int(i) for f in training.values() for i in (f.get("fp") or {})})
@@ -172,7 +174,7 @@ def same_data(states: list[RankState], now: float) -> Finding | None:
                     return _finding(
                         Kind.SAME_DATA, "same_data", ranks,
                         f"{fmt_ranks(ranks)} got the same first batch in epoch {it} of {where}: "
-                        f"{_why_same(f0)}", site, now, evidence="first_batch", epoch=it, fingerprint=fp,
+                        f"{_why_same(f0)}", site, now, fps, evidence="first_batch", epoch=it, fingerprint=fp,
                         sampler=f0.get("sampler"))
         # A non-distributed sampler over the same dataset: every rank iterates all of it.
         sigs = {r: f.get("dsig") for r, f in training.items() if f.get("dist") is False and f.get("dsig")}
@@ -184,7 +186,7 @@ def same_data(states: list[RankState], now: float) -> Finding | None:
                     f"{where} uses a {f0.get('sampler')}, which is not distributed, over the same dataset on "
                     f"{fmt_ranks(ranks)}: every rank iterates the whole dataset each epoch; use "
                     "DistributedSampler(dataset) as its sampler (and call sampler.set_epoch(epoch) each epoch)",
-                    site, now, evidence="dataset", dataset=sig, sampler=f0.get("sampler"))
+                    site, now, sigs, evidence="dataset", dataset=sig, sampler=f0.get("sampler"))
     return None
 
 
@@ -217,7 +219,8 @@ def same_shuffle(states: list[RankState], now: float) -> Finding | None:
                 f"the {f0.get('sampler')} (shuffle=True) of the DataLoader at {fmt_site(site)} stayed at epoch "
                 f"{epoch} for {f0.get('iters')} epochs on {fmt_ranks(ranks)}: sampler.set_epoch(epoch) is never "
                 "called, so every epoch visits the data in the same order; call it before each epoch",
-                site, now, epoch=epoch, seed=seed, epochs_started=int(f0.get("iters") or 0))
+                site, now, [r for r, (f, _) in per_rank.items() if int(f.get("iters") or 0) >= 2],
+                epoch=epoch, seed=seed, epochs_started=int(f0.get("iters") or 0))
     return None
 
 
@@ -240,7 +243,7 @@ def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
             f"(drop_last: {_fmt_values(shown)}): whenever the data does not divide evenly the ranks that drop "
             "the last batch leave the loop early and the others hang in their next collective; use the same "
             "drop_last (DataLoader and DistributedSampler) on every rank",
-            site, now, drop_last={str(r): list(v) for r, v in sorted(values.items())},
+            site, now, per_rank, drop_last={str(r): list(v) for r, v in sorted(values.items())},
             loader={"lengths": lengths, "site": site})
     return None
 
@@ -279,8 +282,8 @@ def config_divergence(states: list[RankState], now: float, settle: float = SETTL
         Kind.CONFIG_DIVERGENCE, "config_divergence", ranks,
         "ranks disagree on facts they should share: " + "; ".join(parts) + ". Ranks that run different "
         "versions or build different models can hang in a collective or train wrong silently",
-        site, now, differences=[{"what": d["what"], "values": {str(r): v for r, v in sorted(d["values"].items())}}
-                                for d in diffs])
+        site, now, {r for d in diffs for r in d["values"]},
+        differences=[{"what": d["what"], "values": {str(r): v for r, v in sorted(d["values"].items())}} for d in diffs])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,13 +371,13 @@ CHECKS: tuple[SetupCheck, ...] = (
 )
 
 
-HOLD_S = 3.0  # a live warning waits this long from first sight, unless it names every rank already
+HOLD_S = 3.0  # a live warning waits this long from first sight, unless every rank's facts were compared
 
 
 class Hold:
     """Live use: ranks do not reach a setup step at the same instant, and each check warns once per run, so
-    a warning first seen on some ranks waits ``hold`` seconds for the ranks a moment behind (or until it
-    names every rank) and then names all of them."""
+    a warning decided on the facts of some ranks waits ``hold`` seconds for the ranks a moment behind (or
+    until every rank's facts were compared) and then names all the ranks it concerns."""
 
     def __init__(self, hold: float = HOLD_S) -> None:
         self.hold = hold
@@ -384,7 +387,7 @@ class Hold:
         out = []
         for f in found:
             first = self.first_seen.setdefault(str(f.details.get("check")), now)
-            if len(f.ranks) >= world or now - first >= self.hold:
+            if len(f.details.get("compared") or f.ranks) >= world or now - first >= self.hold:
                 out.append(f)
         return out
 
