@@ -18,7 +18,7 @@ import dtwatch.auto  # noqa: F401
 
 SCENARIO = sys.argv[1]
 EPOCHS = int(os.environ.get("EPOCHS", "3"))
-PAUSE = float(os.environ.get("STEP_PAUSE", "0.05"))
+PAUSE = float(os.environ.get("STEP_PAUSE", "0.15"))
 
 
 class Net(torch.nn.Module):
