@@ -10,8 +10,9 @@ The rings are synthesised offline (no torch process group): ``dtwatch.ring.RingW
 rank's file, group table (the world group with all members, plus the rank's 8-rank "tensor parallel"
 group, named as torch names groups created by every rank: "1", "2", ...), call-site table, DataLoader
 table and live header fields; records go through ``RingWriter.write_record`` (the writer's own record
-path, which the recorder uses for step markers; the hot path packs the same layout). The call sites point into a small generated ``train.py`` so the
-analyzer's rank-conditional check (``dtwatch.lint.checker``) and source lines see a real file.
+path, which the recorder uses for step markers; the hot path packs the same layout). The call sites
+point into a small generated ``train.py`` so the analyzer's rank-conditional check
+(``dtwatch.lint.checker``) and source lines see a real file.
 
 Per rank: ``--records`` records (default 200) in steps of: a TP all_reduce (activations), a world
 all_reduce (gradients, 1M floats), a step marker, and every 5th step a world all_reduce of the loss at
@@ -31,6 +32,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import shutil
 import subprocess
@@ -56,6 +58,7 @@ from dtwatch.ring import (
     RingWriter,
     ring_filename,
 )
+from dtwatch.ring import writer as ringwriter
 
 NO_GROUP = 0xFFFF
 TARGET_S = 10.0
@@ -123,7 +126,8 @@ def _record(w: RingWriter, stamp: int, capacity: int, *, op: str, seq: int, t_en
     r["stamp2"] = 0
     r["seq"], r["t_enter"], r["t_exit"], r["seq_span"] = seq, t_enter, t_exit, seq_span
     r["status"] = STATUS_OK if t_exit else STATUS_IN_FLIGHT
-    r["op"], r["dtype"], r["ndim"], r["flags"], r["ntensors"] = OP_CODES[op], DTYPE_CODES[dtype], len(shape), flags, ntensors
+    r["op"], r["dtype"], r["ndim"] = OP_CODES[op], DTYPE_CODES[dtype], len(shape)
+    r["flags"], r["ntensors"] = flags, ntensors
     r["group"], r["site"], r["step"], r["peer"] = slot, site, step, -1
     r["numel"] = n if numel is None else numel
     r["dims"] = list(shape[:4]) + [0] * (4 - len(shape[:4]))
@@ -147,13 +151,14 @@ def synthesize(run_dir: Path, *, ranks: int, records: int, capacity: int, culpri
     world = list(range(ranks))
     # The writer stamps the process start (and group creation) with its clock: make it the job's start,
     # not the moment the benchmark writes the file.
-    with mock.patch.object(ringfmt, "time", _Clock(t_start - 30.0)):
+    last: dict[str, int] = {}
+    with mock.patch.object(ringwriter, "time", _Clock(t_start - 30.0)):
         for rank in range(ranks):
-            _write_rank(run_dir, rank, ranks, world, records, capacity, culprit, site_lines=lines, funcs=funcs,
-                        train=train, t_start=t_start, step_period=step_period, n_steps=n_steps, now=now)
-    return {"seq": _write_rank.last["seq"], "culprit_line": lines["validate_all_reduce"],
-            "waiting_line": lines["barrier"], "file": str(train), "records_per_rank": _write_rank.last["stamp"],
-            "steps": _write_rank.last["step"]}
+            last = _write_rank(run_dir, rank, ranks, world, records, capacity, culprit, site_lines=lines, funcs=funcs,
+                               train=train, t_start=t_start, step_period=step_period, n_steps=n_steps, now=now)
+    return {"seq": last["seq"], "culprit_line": lines["validate_all_reduce"],
+            "waiting_line": lines["barrier"], "file": str(train), "records_per_rank": last["stamp"],
+            "steps": last["step"]}
 
 
 class _Clock:
@@ -166,8 +171,8 @@ class _Clock:
 
 def _write_rank(run_dir: Path, rank: int, ranks: int, world: list[int], records: int, capacity: int, culprit: int, *,
                 site_lines: dict, funcs: dict, train: Path, t_start: float, step_period: float, n_steps: int,
-                now: float) -> None:
-    """One rank's ring; what the analyzer should find is left in ``_write_rank.last``."""
+                now: float) -> dict[str, int]:
+    """One rank's ring; returns what the analyzer should find (the hang's seq, records written, steps)."""
     lines = site_lines
     w = RingWriter(run_dir / ring_filename(rank), rank=rank, local_rank=rank % TP, world_size=ranks,
                    job_id=run_dir.name, host=f"node-{rank // TP:04d}", backend="nccl", torch_version="2.13.0",
@@ -225,7 +230,7 @@ def _write_rank(run_dir: Path, rank: int, ranks: int, world: list[int], records:
     w.set_group_cpp_seq(g_tp, seq_tp, t - step_period + 0.01)
     w.heartbeat(now, int((now - t_start) * 10))  # still alive: the sampler thread keeps beating
     w.close()
-    _write_rank.last = {"seq": seq_world, "stamp": stamp, "step": step}
+    return {"seq": seq_world, "stamp": stamp, "step": step}
 
 
 def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:
@@ -233,15 +238,17 @@ def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:
         return False
     f = findings[0]
     return (f["kind"] == "rank_conditional" and f["ranks"] == [culprit] and f["op"] == "all_reduce"
-            and f["group"] == "0" and f["seq"] == expect["seq"] and (f["site"] or {}).get("line") == expect["culprit_line"])
+            and f["group"] == "0" and f["seq"] == expect["seq"]
+            and (f["site"] or {}).get("line") == expect["culprit_line"])
 
 
 def time_in_process(run_dir: Path, profile: int) -> dict:
     """analyze([dir]) end to end, plus a breakdown of its parts (timed separately, after it)."""
-    from dtwatch.diagnose import diagnose
+    from dtwatch.diagnose import FileEvidence, diagnose
     from dtwatch.diagnose.state import from_snapshot
     from dtwatch.report import analyze as an
     from dtwatch.ring import read_ring
+    from dtwatch.watchdog.stacks import process_ending
 
     t0 = time.perf_counter()
     result = an.analyze([str(run_dir)])
@@ -251,7 +258,7 @@ def time_in_process(run_dir: Path, profile: int) -> dict:
     to_dict_s = time.perf_counter() - t0
 
     # Breakdown (a second pass: the files are in the page cache for both).
-    _bundles, paths = an._scan([str(run_dir)])
+    _bundles, paths, _events = an._scan([str(run_dir)])
     t0 = time.perf_counter()
     snaps = [read_ring(p) for p in paths]
     read_s = time.perf_counter() - t0
@@ -259,8 +266,14 @@ def time_in_process(run_dir: Path, profile: int) -> dict:
     states = [from_snapshot(s, local=False) for s in snaps]
     state_s = time.perf_counter() - t0
     now = max(max(s.heartbeat_time for s in states), max(s.last_activity for s in states))
+    run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in states if s.ring_path}
+    starts = {s.rank: s.start_time for s in states}
+
+    def ending(rank: int) -> dict | None:  # as analyze() looks for how a dead rank's process ended
+        return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
+
     t0 = time.perf_counter()
-    diagnose(states, now, 0.0, heartbeat_stale=float("inf"), assume_stalled=True)
+    diagnose(states, now, 0.0, FileEvidence(endings=ending), heartbeat_stale=float("inf"), assume_stalled=True)
     diag_s = time.perf_counter() - t0
     out = {"analyze_s": round(total, 3), "to_dict_s": round(to_dict_s, 3), "read_ring_s": round(read_s, 3),
            "from_snapshot_s": round(state_s, 3), "diagnose_s": round(diag_s, 3), "ranks_seen": len(result.states),
@@ -288,7 +301,8 @@ def time_cli(run_dir: Path) -> dict:
     except json.JSONDecodeError:
         doc = {"findings": []}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import dtwatch.cli, dtwatch.report.analyze"], capture_output=True, cwd=str(REPO))
+    subprocess.run([sys.executable, "-c", "import dtwatch.cli, dtwatch.report.analyze"],
+                   capture_output=True, cwd=str(REPO))
     startup = time.perf_counter() - t0
     return {"cli_s": round(elapsed, 3), "cli_exit": proc.returncode, "cli_startup_s": round(startup, 3),
             "cli_findings": doc.get("findings", []), "cli_stderr": proc.stderr[-2000:]}
@@ -300,10 +314,12 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=200, help="records written per rank (default 200)")
     ap.add_argument("--capacity", type=int, default=ringfmt.DEFAULT_CAPACITY,
                     help=f"ring capacity in records (default {ringfmt.DEFAULT_CAPACITY}, the product default)")
-    ap.add_argument("--culprit", type=int, default=None, help="the desynchronised rank (default 17, or the last rank if fewer)")
+    ap.add_argument("--culprit", type=int, default=None,
+                    help="the desynchronised rank (default 17, or the last rank if fewer)")
     ap.add_argument("--keep", metavar="DIR", help="write the rings here and keep them (default: a temp dir, removed)")
     ap.add_argument("--no-cli", action="store_true", help="skip the `dtwatch analyze --json` subprocess")
-    ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile analyze() and print the top N functions")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="cProfile analyze() and print the top N functions")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE ('-' = stdout)")
     args = ap.parse_args()
     if args.culprit is None:

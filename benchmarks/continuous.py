@@ -24,12 +24,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 
 
-def _synthesiser():
+def _synthesiser() -> ModuleType:
     spec = importlib.util.spec_from_file_location("analyze_scale", HERE / "analyze_scale.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HERE / 'analyze_scale.py'}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["analyze_scale"] = mod
     spec.loader.exec_module(mod)
@@ -102,10 +105,10 @@ def main() -> int:
 
 
 def _seq_clock_off(path: Path) -> int:
-    from dtwatch.ring import _STATIC
+    from dtwatch.ring.layout import STATIC
 
     with open(path, "rb") as f:
-        return _STATIC.unpack_from(f.read(_STATIC.size), 0)[14]
+        return STATIC.unpack(f.read(STATIC.size))["seq_clock_off"]
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def _first_findings(job: Job, timeout: float) -> dict:
             except (OSError, json.JSONDecodeError):
                 continue
             index["_path"] = str(index_path.parent)
-            # findings.json is written before index.json; both are rewritten once the evidence is in.
+            # findings.json is written (once) before index.json; index.json is rewritten once the evidence is in.
             index["_on_disk"] = min(findings_mtime, index_mtime)
             index["_seen_complete"] = bool(index.get("evidence_complete"))
             return index
@@ -148,6 +148,7 @@ def detection(args: argparse.Namespace, root: Path) -> list[dict]:
         prog = [r["progress_to_detected_s"] for r in ok]
         window = args.window if windowed else 0.0
         target = window + SLACK
+        disk_median = _median(disk)
         rows.append({
             "scenario": scenario, "ranks": nproc, "launcher": "torchrun" if torchrun else "processes",
             "expected_kind": expected, "kinds": sorted({str(r["kind"]) for r in rs}),
@@ -155,10 +156,10 @@ def detection(args: argparse.Namespace, root: Path) -> list[dict]:
             "culprits": sorted({tuple(r["ranks"]) for r in ok if r["ranks"] is not None}),
             "window_s": window, "target_s": target, "runs": len(rs), "detected_runs": len(ok),
             "onset_to_detected_min_s": min(lat) if lat else None, "onset_to_detected_median_s": _median(lat),
-            "onset_to_disk_min_s": min(disk) if disk else None, "onset_to_disk_median_s": _median(disk),
+            "onset_to_disk_min_s": min(disk) if disk else None, "onset_to_disk_median_s": disk_median,
             "progress_to_detected_median_s": _median(prog),
             "within_target_runs": sum(1 for x in disk if x <= target),
-            "within_target": bool(disk) and len(ok) == len(rs) and _median(disk) <= target,
+            "within_target": disk_median is not None and len(ok) == len(rs) and disk_median <= target,
             "errors": [r["error"] for r in rs if "error" in r],
             "raw": rs,
         })
@@ -180,10 +181,11 @@ def print_detection(rows: list[dict], args: argparse.Namespace) -> None:
         diag = ",".join(r["kinds"]) + ("" if r["kind_ok"] else " (!)")
         within = f"{'yes' if r['within_target'] else 'NO'} ({r['within_target_runs']}/{r['runs']})"
         window = f"{r['window_s']:g}" if r["window_s"] else "none"
+        progress = r["progress_to_detected_median_s"]
         print(f"{r['scenario']:<17} {r['expected_kind']:<25} {diag:<25} "
               f"{mm(r['onset_to_detected_min_s'], r['onset_to_detected_median_s']):>16} "
               f"{mm(r['onset_to_disk_min_s'], r['onset_to_disk_median_s']):>15} "
-              f"{'-' if r['progress_to_detected_median_s'] is None else format(r['progress_to_detected_median_s'], '.2f'):>14} "
+              f"{'-' if progress is None else format(progress, '.2f'):>14} "
               f"{window:>6} {r['target_s']:>6g}  {within}")
     print("within: the median onset->on disk is <= target (window + 2 s; 2 s for rank_exited, which needs no window);"
           " (k/n) runs within.")
@@ -277,8 +279,9 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), str(BUSY_WORKER)],
         env=jenv, stdout=tlog.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    result: dict = {"ranks": nproc, "cores": os.cpu_count(), "metrics_url": url, "exporter": bool(url), "fill_rings": args.fill_rings,
-                    "poll_interval_s": 0.5, "cpu_window_s": args.cpu_window, "warmup_s": args.warmup}
+    result: dict = {"ranks": nproc, "cores": os.cpu_count(), "metrics_url": url, "exporter": bool(url),
+                    "fill_rings": args.fill_rings, "poll_interval_s": 0.5, "cpu_window_s": args.cpu_window,
+                    "warmup_s": args.warmup}
     try:
         # Steady traffic: every ring exists and records are being written.
         deadline = time.time() + 180
@@ -352,19 +355,21 @@ def watchdog_cpu(args: argparse.Namespace, root: Path) -> dict:
 
 
 def print_cpu(r: dict) -> None:
+    exporter = f"on, scraped {r['scrapes']}x" if r["exporter"] else "off"
     print(f"\n(b) Watchdog cost at {r['ranks']} ranks: healthy gloo job (benchmarks/workers/busy_worker.py) under "
-          f"`dtwatch watch` (poll 1 s, adaptive window, Prometheus exporter {'on, scraped ' + str(r['scrapes']) + 'x' if r['exporter'] else 'off'})")
+          f"`dtwatch watch` (poll 1 s, adaptive window, Prometheus exporter {exporter})")
     print(f"  watchdog CPU       {r['watchdog_cpu_pct_of_core']:.2f} % of one core  ({r['watchdog_cpu_s']:.2f} s CPU "
           f"over {r['wall_s']:.0f} s, after {r['warmup_s']:g} s warm-up)  target <= {r['target_pct']:g} %: "
           f"{'yes' if r['within_target'] else 'NO'}")
-    print(f"  watchdog RSS       {r['watchdog_rss_mib']:.1f} MiB at the end (max sampled {r['watchdog_rss_max_mib']:.1f}, "
-          f"peak VmHWM {r['watchdog_peak_rss_mib']:.1f})")
-    print(f"  traffic            {r['records_per_s_all_ranks']:.0f} ring records/s over all ranks; {r['worker_summary']}")
-    print(f"  rings              {100 * r['ring_fill_start']:.0f} % -> {100 * r['ring_fill_end']:.0f} % full during the window "
-          "(a poll reads whole rings; parsing cost grows with the records held)")
-    print(f"  contention         {r['ranks']} training processes used {r['training_cpu_pct_of_core']:.0f} % of one core "
-          f"on a {r['cores']}-core machine: they compete with the watchdog for the cores (its CPU time is counted, "
-          "not its wall time, so the figure stands; its polls may run late)")
+    print(f"  watchdog RSS       {r['watchdog_rss_mib']:.1f} MiB at the end "
+          f"(max sampled {r['watchdog_rss_max_mib']:.1f}, peak VmHWM {r['watchdog_peak_rss_mib']:.1f})")
+    print(f"  traffic            {r['records_per_s_all_ranks']:.0f} ring records/s over all ranks; "
+          f"{r['worker_summary']}")
+    print(f"  rings              {100 * r['ring_fill_start']:.0f} % -> {100 * r['ring_fill_end']:.0f} % full "
+          "during the window (a poll reads whole rings; parsing cost grows with the records held)")
+    print(f"  contention         {r['ranks']} training processes used {r['training_cpu_pct_of_core']:.0f} % "
+          f"of one core on a {r['cores']}-core machine: they compete with the watchdog for the cores "
+          "(its CPU time is counted, not its wall time, so the figure stands; its polls may run late)")
     if r.get("warning"):
         print(f"  warning            {r['warning']}")
 
@@ -374,7 +379,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=float, default=5.0, help="--stall-window of the watchdog for (a) (default 5 s)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per scenario (default 1); min/median reported")
-    ap.add_argument("--only", default="", help="comma-separated scenarios for (a): " + ",".join(s[0] for s in SCENARIOS))
+    ap.add_argument("--only", default="",
+                    help="comma-separated scenarios for (a): " + ",".join(s[0] for s in SCENARIOS))
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for an incident (default 90)")
     ap.add_argument("--no-detection", action="store_true", help="skip (a)")
     ap.add_argument("--no-cpu", action="store_true", help="skip (b)")
@@ -382,7 +388,8 @@ def main() -> int:
     ap.add_argument("--cpu-window", type=float, default=30.0, help="seconds of CPU measurement in (b) (default 30)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of steady traffic before measuring (default 5)")
     ap.add_argument("--fill-rings", action="store_true",
-                    help="(b): keep warming up until the rings are full (steady state of a long job; the job runs ~90 s longer)")
+                    help="(b): keep warming up until the rings are full "
+                         "(steady state of a long job; the job runs ~90 s longer)")
     ap.add_argument("--scrape-interval", type=float, default=15.0,
                     help="scrape /metrics every N s during (b), as Prometheus would (0 = never; default 15)")
     ap.add_argument("--profile-watchdog", metavar="FILE",

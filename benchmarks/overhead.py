@@ -37,7 +37,9 @@ import threading
 import time
 import urllib.request
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 
@@ -71,7 +73,7 @@ def _alternate(fa, fb, blocks: int, n: int) -> tuple[list[float], list[float]]:
 
 def _row(base: list[float], wrapped: list[float]) -> dict:
     b, w = statistics.median(base), statistics.median(wrapped)
-    pair = [wi - bi for bi, wi in zip(base, wrapped)]
+    pair = [wi - bi for bi, wi in zip(base, wrapped, strict=True)]
     q = statistics.quantiles(pair, n=4) if len(pair) >= 4 else [min(pair), 0, max(pair)]
     return {
         "baseline_ns": round(b, 1), "wrapped_ns": round(w, 1), "added_us": round((w - b) / 1000, 3),
@@ -104,13 +106,23 @@ def _through_library_caller(fn, arg, depth: int = 2):
     return scope["caller"]
 
 
+def _original(wrapper: Any) -> Callable[..., Any]:
+    """The torch function a dtwatch wrapper replaced (kept on the wrapper as ``__dtwatch_original__``)."""
+    return wrapper.__dtwatch_original__
+
+
 def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "gloo") -> dict:
     import torch
     import torch.distributed as dist
 
     import dtwatch
-    from dtwatch.ops import bind
+    from dtwatch.ops import OpSpec, bind
     from dtwatch.record import recorder
+
+    def spec_of(name: str, fn: Callable[..., Any]) -> OpSpec:
+        spec = bind(name, fn)
+        assert spec is not None, f"dtwatch does not understand the signature of {name}"
+        return spec
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated in new torch
     os.environ.setdefault("DTWATCH_WATCHDOG", "off")
@@ -124,6 +136,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     dist.init_process_group(backend, rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
     c10d = dist.distributed_c10d
     rec = recorder.active()
+    assert rec is not None, "dtwatch.install() left no active recorder"
     t = torch.ones(1)
     out = torch.empty(1)
     cases = {
@@ -136,14 +149,14 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
                     "completion_tracked": bool(getattr(rec, "tracked", None))}
     for name, make in cases.items():
         wrapper = getattr(dist, name)
-        original = wrapper.__dtwatch_original__
+        original = _original(wrapper)
         base, wrapped = _alternate(make(original), make(wrapper), blocks, calls)
         result["collective"][name] = _row(base, wrapped)
 
         def noop(*args, **kwargs):
             return None
 
-        hot = recorder._make_wrapper(rec, noop, bind(name, original))
+        hot = recorder._make_wrapper(rec, noop, spec_of(name, original))
         base, wrapped = _alternate(make(noop), make(hot), blocks, noop_calls)
         result["hot_path"][name] = _row(base, wrapped)
     # The other per-step costs of a training loop: the optimizer-step hook (a step marker), and the
@@ -151,6 +164,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     base, hooked = _alternate(lambda: None, lambda: rec.advance_step(explicit=False), blocks, noop_calls)
     result["step_hook"] = _row(base, hooked)
     sampler = rec.sampler
+    assert sampler is not None, "the recorder runs no sampler thread"
     base, ticked = _alternate(lambda: None, sampler.tick, blocks, max(calls // 4, 20))
     result["sampler_tick"] = _row(base, ticked)
     result["sampler_tick"]["interval_s"] = rec.config.sample_interval
@@ -158,8 +172,8 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         result["sampler_tick"]["added_us"] / 1e6 / rec.config.sample_interval * 100, 4)
     # Call sites in real training code sit late in long functions; site resolution must not cost more
     # there (CPython neither caches a code object's hash nor makes f_lineno cheap late in a function).
-    original = dist.all_reduce.__dtwatch_original__
-    hot = recorder._make_wrapper(rec, lambda *a, **k: None, bind("all_reduce", original))
+    original = _original(dist.all_reduce)
+    hot = recorder._make_wrapper(rec, lambda *a, **k: None, spec_of("all_reduce", original))
     base, wrapped = _alternate(_long_function_caller(lambda *a, **k: None, t),
                                _long_function_caller(hot, t), blocks, noop_calls)
     result["hot_path"]["all_reduce, called late in a 60-line function"] = _row(base, wrapped)
@@ -210,18 +224,21 @@ def ddp_worker(args: argparse.Namespace) -> None:
     ))
     params = sum(p.numel() for p in model.parameters())
     batch = 64
-    data = TensorDataset(torch.randn(batch * args.steps * world, 512), torch.randint(0, 10, (batch * args.steps * world,)))
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    n_samples = batch * args.steps * world
+    data = TensorDataset(torch.randn(n_samples, 512), torch.randint(0, 10, (n_samples,)))
+    sampler: DistributedSampler[int] = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=batch, sampler=sampler)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     epoch = 0
 
-    def block() -> list[float]:
+    def block() -> tuple[list[float], list[float]]:
+        """One pass over the loader: wall and CPU seconds per step."""
         nonlocal epoch
         sampler.set_epoch(epoch)
         epoch += 1
-        times, cpu = [], []
+        times: list[float] = []
+        cpu: list[float] = []
         prev, prev_cpu = time.perf_counter(), time.process_time()
         for x, y in loader:
             opt.zero_grad(set_to_none=True)
@@ -260,7 +277,8 @@ def ddp_worker(args: argparse.Namespace) -> None:
     set_mode(True)
     recorded = 0
     if rank == 0:
-        snap = dtwatch.read_ring(os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], "rank-00000.ring"))
+        ring = os.path.join(os.environ["DTWATCH_DIR"], os.environ["DTWATCH_JOB_ID"], "rank-00000.ring")
+        snap = dtwatch.read_ring(ring)
         recorded = len(snap.records)
         with open(args.out, "w") as f:
             json.dump({"params": params, "batch": batch, "world": world, "times": times, "cpu_times": cpu_times,
@@ -269,7 +287,7 @@ def ddp_worker(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def exporters_running(run_root: str, job_id: str):
+def exporters_running(run_root: str, job_id: str) -> Iterator[dict[str, int]]:
     """A real watchdog for the job with its Prometheus endpoint scraped every second and OTLP/HTTP export
     to a local sink (every span and metric export is accepted), as in production with exporters on."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -323,9 +341,13 @@ def exporters_running(run_root: str, job_id: str):
         sink.shutdown()
 
 
+def _exporters(run_root: str, job_id: str, on: bool) -> contextlib.AbstractContextManager[dict[str, int]]:
+    return exporters_running(run_root, job_id) if on else contextlib.nullcontext({})
+
+
 def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float, exporters: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="dtwatch-bench-ddp-") as tmp, \
-            (exporters_running(tmp, "ddp") if exporters else contextlib.nullcontext({})) as export_stats:
+            _exporters(tmp, "ddp", exporters) as export_stats:
         out = os.path.join(tmp, "ddp.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DTWATCH_", "TORCH_FR", "TORCH_NCCL"))}
         env.update(DTWATCH_DIR=tmp, DTWATCH_JOB_ID="ddp", DTWATCH_WATCHDOG="off", DTWATCH_STACK_SIGNAL="off",
@@ -341,7 +363,7 @@ def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float, expor
     on, off = raw["times"]["on"], raw["times"]["off"]
     m_on, m_off = statistics.median(on), statistics.median(off)
     c_on, c_off = statistics.median(raw["cpu_times"]["on"]), statistics.median(raw["cpu_times"]["off"])
-    pairs = [(a - b) / b * 100 for a, b in zip(raw["block_medians"]["on"], raw["block_medians"]["off"])]
+    pairs = [(a - b) / b * 100 for a, b in zip(raw["block_medians"]["on"], raw["block_medians"]["off"], strict=True)]
     q = statistics.quantiles(pairs, n=4) if len(pairs) >= 4 else [min(pairs), 0, max(pairs)]
     return {
         "params": raw["params"], "batch": raw["batch"], "ranks": raw["world"], "blocks_per_mode": blocks,
@@ -362,7 +384,8 @@ def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float, expor
 # ---------------------------------------------------------------------------------------------------
 def print_table(res: dict) -> None:
     env = res["environment"]
-    print(f"dtwatch recorder overhead  (torch {env['torch']}, Python {env['python']}, {env['cpus']} CPUs, {env['machine']})")
+    print(f"dtwatch recorder overhead  (torch {env['torch']}, Python {env['python']}, {env['cpus']} CPUs, "
+          f"{env['machine']})")
     print()
     print("(a) per call, one-rank gloo group; median over alternating blocks")
     header = f"  {'op':<24} {'baseline ns':>12} {'dtwatch ns':>11} {'added us':>9} {'ratio':>6}   added us IQR"
@@ -382,15 +405,18 @@ def print_table(res: dict) -> None:
           f"every {t['interval_s']} s = {t['duty_pct']:.3f} % of one core")
     ld = res["per_call"].get("loader_epoch")
     if ld:
+        lo, hi = ld["added_us_iqr"]
         print(f" a DataLoader epoch starting (iterator + first batch): {ld['baseline_ns'] / 1000:.1f} us, "
-              f"+{ld['added_us']:.1f} us with dtwatch (IQR [{ld['added_us_iqr'][0]:.1f}, {ld['added_us_iqr'][1]:.1f}])")
-    for key, label in (("ddp", ""), ("ddp_exporters", " with a watchdog exporting (Prometheus scraped 1/s, OTLP/HTTP)")):
+              f"+{ld['added_us']:.1f} us with dtwatch (IQR [{lo:.1f}, {hi:.1f}])")
+    exporting = " with a watchdog exporting (Prometheus scraped 1/s, OTLP/HTTP)"
+    for key, label in (("ddp", ""), ("ddp_exporters", exporting)):
         d = res.get(key)
         if not d:
             continue
         print()
         print(f"(b) DDP training step, {d['ranks']} ranks (torchrun, gloo, CPU), {d['params'] / 1e6:.2f}M params, "
-              f"batch {d['batch']}, {d['steps_per_mode']} steps per mode in {d['blocks_per_mode']} alternating blocks{label}")
+              f"batch {d['batch']}, {d['steps_per_mode']} steps per mode in {d['blocks_per_mode']} "
+              f"alternating blocks{label}")
         print(f"  median step, dtwatch installed : {d['median_step_ms_on']:.3f} ms")
         print(f"  median step, dtwatch removed   : {d['median_step_ms_off']:.3f} ms")
         print(f"  overhead                       : {d['overhead_pct']:+.2f} %   (target <= 0.5 %)")

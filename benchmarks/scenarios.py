@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.report.capture import capture, write_fixture
 from dtwatch.watchdog.proctree import descendants
 from tests.scenarios.catalog import HERE as SCENARIO_DIR
@@ -84,9 +85,8 @@ def read_bundles(run_dir: Path) -> list[tuple[dict, Path]]:
     for index_file in run_dir.glob("incidents/*/*/index.json"):
         try:
             index = json.loads(index_file.read_text())
-            findings_file = index_file.parent / "findings.json"
-            if findings_file.exists():
-                index["findings"] = json.loads(findings_file.read_text())
+            if (index_file.parent / "findings.json").exists():
+                index["findings"] = bundle_findings(index_file.parent)
         except (OSError, ValueError):
             continue
         out.append((index, index_file.parent))
@@ -148,7 +148,8 @@ def run_one(sc: Scenario, *, window: float, work: Path, capture_dir: Path | None
     onset = onset_time(run_dir)
     detected = bundles[0][0].get("detected") if bundles else None
     verdict = judge(findings, truth)
-    first = (stall_findings(findings) or [None])[0]
+    stalls = stall_findings(findings)
+    first = stalls[0] if stalls else None
     result = {
         "name": sc.name, "truth": truth, "exit_code": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 1),
         "onset": onset, "detected": detected,
@@ -208,7 +209,7 @@ def table(results: list[dict]) -> str:
         lat = f"{r['latency_s']:.1f}s" if r.get("latency_s") is not None else "-"
         rows.append((r["name"], _truth_cell(r["truth"]), _finding_cell(r), *marks, lat))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     right = sum(r["right"] for r in results)
     lines.append(f"\n{right}/{len(results)} scenarios fully right "

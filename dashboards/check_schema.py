@@ -75,7 +75,7 @@ PROMETHEUS_ANNOTATION_FIELDS = ("target", "titleFormat", "textFormat", "tagKeys"
 _TSC_ERROR = re.compile(r"^(?P<file>[^()\s][^()]*)\((?P<line>\d+),(?P<col>\d+)\): error (?P<code>TS\d+): (?P<msg>.*)$")
 
 
-class SchemaToolMissing(RuntimeError):
+class SchemaToolMissingError(RuntimeError):
     """typescript / @grafana/schema are not installed in the schema directory."""
 
 
@@ -191,9 +191,9 @@ def check_dashboards(paths: list[Path], schema_dir: Path | None = None) -> list[
     schema_dir = Path(schema_dir or default_schema_dir())
     tsc = schema_dir / "node_modules" / ".bin" / "tsc"
     if not tsc.exists() or not (schema_dir / "node_modules/@grafana/schema/package.json").exists():
-        raise SchemaToolMissing(f"no typescript/@grafana/schema in {schema_dir}: run .ci/tools/grafana-schema.sh")
+        raise SchemaToolMissingError(f"no typescript/@grafana/schema in {schema_dir}: run .ci/tools/grafana-schema.sh")
     if shutil.which("node") is None:
-        raise SchemaToolMissing("node is not on PATH")
+        raise SchemaToolMissingError("node is not on PATH")
     plugins = panel_plugins(schema_dir)
     errors: list[SchemaError] = []
     # The generated files live inside schema_dir so that '@grafana/schema' resolves to its node_modules.
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.dashboards or dashboard_files()
     try:
         errors = check_dashboards(paths, args.schema_dir)
-    except SchemaToolMissing as exc:
+    except SchemaToolMissingError as exc:
         print(f"check_schema: {exc}", file=sys.stderr)
         return 2
     for error in errors:

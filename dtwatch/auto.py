@@ -3,13 +3,14 @@
 Put it first in a training script (before ``init_process_group``). Set ``DTWATCH_ENABLED=0`` to
 turn it off without editing the script. It never raises: a failure is one warning.
 """
-import os as _os
 import warnings as _warnings
 
-if _os.environ.get("DTWATCH_ENABLED", "1").strip().lower() not in ("0", "false", "no", "off"):
-    try:
+try:
+    from dtwatch.config import enabled as _enabled
+
+    if _enabled():
         from dtwatch import install as _install
 
         _install()
-    except Exception as _exc:  # noqa: BLE001 - an import in a training script must not fail
-        _warnings.warn(f"dtwatch: not installed: {_exc}", RuntimeWarning, stacklevel=2)
+except Exception as _exc:  # noqa: BLE001 - an import in a training script must not fail
+    _warnings.warn(f"dtwatch: not installed: {_exc}", RuntimeWarning, stacklevel=2)

@@ -43,7 +43,8 @@ class ExpJob:
     results: dict[int, dict[str, Any]]  # rank -> {"seq": {group: seq}, "counts": {op: n}, "steps": n}
 
 
-def run_exp_job(root: Path, *, job_id: str = "expjob", steps: int = 3, per_step: int = 4, timeout: float = 180) -> ExpJob:
+def run_exp_job(root: Path, *, job_id: str = "expjob", steps: int = 3, per_step: int = 4,
+                timeout: float = 180) -> ExpJob:
     """Run the 2-rank gloo worker with ``DTWATCH_DIR=root`` and return its results."""
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -94,15 +95,17 @@ def node_view(run_dir: Path, **overrides: Any) -> NodeView:
     if not states:
         raise FileNotFoundError(f"no rings in {run_dir}")
     first = snaps[states[0].rank]
+    # The job has ended by now: straggler lags as they were while it ran.
+    running = [replace(st, alive=True, exit_state="running") for st in states]
     view = NodeView(
         job_id=first.job_id, node=first.host, now=time.time(), window=30.0, local=states,
         all_states=list(states), snapshots=snaps,
         new_records={r: s.records[s.records["t_exit"] != 0.0] for r, s in snaps.items()},
-        # The job has ended by now: straggler lags as they were while it ran.
-        seq_lag=seq_lags(states), straggler_lag=entry_lags([replace(st, alive=True, exit_state="running") for st in states]).medians, stalled_ranks=set(),
+        seq_lag=seq_lags(states), straggler_lag=entry_lags(running).medians, stalled_ranks=set(),
         culprit_ranks=set(), incident_open=False, incidents_total=0, findings_total={},
         restarts={s.rank: s.restart_count for s in states}, findings=[],
-        health=WatchdogHealth(poll_seconds=[0.002, 0.004], errors={}, started=time.time() - 5, version=dtwatch.__version__),
+        health=WatchdogHealth(poll_seconds=[0.002, 0.004], errors={}, started=time.time() - 5,
+                              version=dtwatch.__version__),
     )
     return replace(view, **overrides) if overrides else view
 

@@ -90,7 +90,8 @@ def capture(python: str, rank: int = 0) -> dict:
         site_packages = subprocess.run(
             [python, "-c", "import site, sys; print('\\n'.join(site.getsitepackages() + sys.path))"],
             check=True, capture_output=True, text=True).stdout.split()
-        site_packages = sorted({p.rstrip(os.sep) for p in site_packages if p.endswith("-packages")}, key=len, reverse=True)
+        site_packages = sorted({p.rstrip(os.sep) for p in site_packages if p.endswith("-packages")},
+                               key=len, reverse=True)
         return make_fixture(fr, python_calls(state), notes, snap.torch_version, snap.backend, site_packages)
 
 

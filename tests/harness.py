@@ -150,7 +150,7 @@ def _children(pid: int) -> list[int]:
 def process_report(root_pid: int) -> str:
     """What a launched process and its descendants are doing, for a test whose job outlived its deadline:
     each one's command line and, where py-spy is installed, its Python stacks."""
-    py_spy = next((str(c) for c in (REPO / ".tools" / "bin" / "py-spy",) if c.exists()), None)
+    py_spy = next((str(c) for c in (Path(sys.executable).parent / "py-spy",) if c.exists()), None)
     lines, todo = [], [root_pid]
     while todo:
         pid = todo.pop()

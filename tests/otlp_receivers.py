@@ -116,8 +116,9 @@ class _Store:
                         elif kind == "histogram":
                             for p in m.histogram.data_points:
                                 out.append(ReceivedPoint(
-                                    m.name, kind, attributes(p.attributes), None, res, bucket_counts=list(p.bucket_counts),
-                                    explicit_bounds=list(p.explicit_bounds), count=p.count, sum=p.sum, unit=m.unit,
+                                    m.name, kind, attributes(p.attributes), None, res,
+                                    bucket_counts=list(p.bucket_counts), explicit_bounds=list(p.explicit_bounds),
+                                    count=p.count, sum=p.sum, unit=m.unit,
                                 ))
         return out
 

@@ -157,7 +157,7 @@ def write_rings(run_dir: Path, *, odd_rank: int | None, world: int = 4, hang_age
     now = time.time()
     t = now - hang_age - 8 * 0.5
     hang = now - hang_age
-    with mock.patch("dtwatch.ring.time", WriterClock(t - 5.0)):  # the processes started before their first call
+    with mock.patch("dtwatch.ring.writer.time", WriterClock(t - 5.0)):  # the processes started before their first call
         for rank in range(world):
             _write_rank(run_dir, rank, world, odd_rank, t, hang, now)
     return hang
@@ -209,6 +209,7 @@ def test_offline_rings_alone_name_the_rank_in_the_other_collective(tmp_path):
     assert f.kind == "desync" and f.severity == "stall"
     assert f.ranks == [2]
     assert (f.op, f.group, f.seq) == ("all_reduce", "0", SEQ_HANG)
+    assert f.site is not None and f.waiting_site is not None
     assert (f.site["file"], f.site["line"], f.site["function"]) == (TRAIN, LINE_ODD, "evaluate")
     assert f.waiting_ranks == [0, 1, 3]
     assert (f.waiting_op, f.waiting_group, f.waiting_seq) == ("barrier", "0", SEQ_HANG)

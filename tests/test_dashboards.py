@@ -129,7 +129,8 @@ def dashboard_exprs() -> list[tuple[str, str]]:
             if var["type"] == "query":
                 exprs.append((f"{uid}/${var['name']}",
                               substitute(label_values_selector(var["query"]), JOB, node=NODE, rank=RANK)))
-    exprs += [(f"{uid}/annotation {name}", substitute(expr, JOB, node=NODE, rank=RANK)) for uid, name, expr in ANNOTATIONS]
+    exprs += [(f"{uid}/annotation {name}", substitute(expr, JOB, node=NODE, rank=RANK))
+              for uid, name, expr in ANNOTATIONS]
     return exprs
 
 
@@ -171,7 +172,8 @@ def test_overview_row_is_open_and_detail_rows_are_collapsed() -> None:
 
 
 def _overlaps(a: dict, b: dict) -> bool:
-    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+    return (a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]
+            and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"])
 
 
 def test_panels_fit_the_grid_without_overlapping() -> None:
@@ -466,7 +468,8 @@ def test_silent_desync_annotation_marks_the_first_and_every_later_desync(tmp_pat
     exprs = {expr for uid, name, expr in ANNOTATIONS if name == "Silent desync"}
     assert len(exprs) == 1, "the dashboards' silent desync annotations differ"
     expr = substitute(exprs.pop(), "j8", rate_interval="1m")
-    series = 'dtwatch_findings_total{{job="dtwatch",instance="n:9464",job_id="{job}",node="n",kind="{kind}",severity="{severity}"}}'
+    series = ('dtwatch_findings_total{{job="dtwatch",instance="n:9464",job_id="{job}",node="n",'
+              'kind="{kind}",severity="{severity}"}}')
     # node n: first desync at 3m (the series appears at 1), a second at 6m; a stall's desync finding and
     # another job's silent desync are not marked.
     inputs = [

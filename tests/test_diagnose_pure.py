@@ -77,7 +77,8 @@ def test_process_ending_reads_faulthandler_output(tmp_path):
     start = time.time() - 1
     assert process_ending(run_dir, 3, start) is None
     with open(fatal, "w") as f:
-        f.write("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File \"t.py\", line 3\n")
+        f.write("Fatal Python error: Aborted\n\n"
+                "Current thread 0x1 (most recent call first):\n  File \"t.py\", line 3\n")
     assert process_ending(run_dir, 3, start)["signal"] == "SIGABRT"
     assert process_ending(run_dir, 3, time.time() + 60) is None  # written before this process started
     os.remove(fatal)

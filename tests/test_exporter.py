@@ -103,9 +103,12 @@ def test_series_equal_what_the_worker_did(job: ExpJob) -> None:
         calls = recs[(recs["flags"] & FLAG_MARKER) == 0]
         all_reduce = calls[calls["op"] == OP_CODES["all_reduce"]]
         durations = all_reduce["t_exit"] - all_reduce["t_enter"]
-        assert value(got, "dtwatch_collective_duration_seconds_sum", rank=r, op="all_reduce") == pytest.approx(durations.sum())
-        assert value(got, "dtwatch_collective_duration_seconds_bucket", rank=r, op="all_reduce", le="0.01") == (durations <= 0.01).sum()
-        assert value(got, "dtwatch_collective_time_seconds_total", rank=r) == pytest.approx((calls["t_exit"] - calls["t_enter"]).sum())
+        assert (value(got, "dtwatch_collective_duration_seconds_sum", rank=r, op="all_reduce")
+                == pytest.approx(durations.sum()))
+        assert (value(got, "dtwatch_collective_duration_seconds_bucket", rank=r, op="all_reduce", le="0.01")
+                == (durations <= 0.01).sum())
+        assert (value(got, "dtwatch_collective_time_seconds_total", rank=r)
+                == pytest.approx((calls["t_exit"] - calls["t_enter"]).sum()))
         markers = recs[(recs["flags"] & FLAG_MARKER) != 0]["t_enter"]
         assert value(got, "dtwatch_steps_total", rank=r) == result["steps"] == len(markers)
         assert value(got, "dtwatch_step_duration_seconds_count", rank=r) == len(markers) - 1
@@ -139,7 +142,8 @@ def test_counters_are_cumulative_across_views_and_restarts(job: ExpJob) -> None:
     assert value(got, "dtwatch_step_duration_seconds_count", rank="0") == 2  # the gap across views counts
 
     # rank 1 restarts (new pid): its step counter starts again, dtwatch_steps_total keeps growing
-    restarted = [replace(s, pid=s.pid + 100000, start_time=s.start_time + 1, step=1) if s.rank == 1 else s for s in full.local]
+    restarted = [replace(s, pid=s.pid + 100000, start_time=s.start_time + 1, step=1) if s.rank == 1 else s
+                 for s in full.local]
     collector.update(replace(full, local=restarted, new_records={}, restarts={0: 0, 1: 1}))
     got = scrape(collector)
     assert value(got, "dtwatch_steps_total", rank="1") == 3 + 1

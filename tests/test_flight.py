@@ -1,4 +1,5 @@
-"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.diagnose.flight, and the diagnosis naming C++-issued calls).
+"""Flight Recorder entries mapped onto dtwatch's sequence numbers (dtwatch.diagnose.flight, and the diagnosis
+naming C++-issued calls).
 
 Unit tests replay fixtures captured from real 2-rank gloo runs of tests/scripts/rec_fr.py (one per torch
 version, see tests/fr_fixtures.py); the last test runs that worker for real and names the C++-issued

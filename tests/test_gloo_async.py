@@ -42,6 +42,6 @@ def test_gloo_async_has_nccls_cpu_semantics_and_gloos_results(tmp_path):
         assert r["reduce_scatter_tensor"] == [2.0, 2.0]
         assert r["in_flight_after_sync"] == [] and r["issued"] >= 6
     # DDP and FSDP2 compute what they compute on gloo (their own waits block: they read results at once).
-    for mine, ref in zip(ranks, reference):
+    for mine, ref in zip(ranks, reference, strict=True):
         assert mine["ddp_losses"] == ref["ddp_losses"]
         assert mine["fsdp_losses"] == ref["fsdp_losses"]

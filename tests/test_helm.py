@@ -855,11 +855,12 @@ def test_sidecar_writes_the_diagnosis_into_the_trainers_log(unshare, traversable
         pytest.skip("Yama ptrace_scope >= 1: the same-UID sidecar needs DTWATCH_ALLOW_PTRACE (not simulated here)")
     if not shutil.which("setpriv"):
         _missing("setpriv (util-linux) not installed")
-    python = unprivileged_python([sys.executable, "/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")])
+    python = unprivileged_python(
+        [sys.executable, "/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")])
     if python is None:
         _missing("no Python interpreter executable by UID 1000 (needed to run a non-root trainer)")
     console = traversable_tmp / "console.py"  # stdlib only: loadable by any user from a readable copy
-    shutil.copyfile(REPO / "dtwatch" / "console.py", console)
+    shutil.copyfile(REPO / "dtwatch" / "watchdog" / "console.py", console)
     console.chmod(0o644)
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('console', sys.argv[1]); "
             "m = sys.modules['console'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "

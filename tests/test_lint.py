@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import dtwatch.lint.checker
-from dtwatch.lint.checker import LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
+from dtwatch.lint.checker import COLLECTIVES, LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
 from dtwatch.lint.cli import add_lint_parser
+from dtwatch.ops import OP_KINDS, P2P_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "lint_fixtures"
@@ -120,7 +121,7 @@ def test_to_dict_has_every_field() -> None:
         "condition": "if rank == 0", "message": finding.message,
     }
     with pytest.raises(AttributeError):
-        finding.line = 3  # frozen
+        finding.line = 3  # type: ignore[misc]  # frozen: the assignment must fail
 
 
 # --- rank tests and collectives, one expression at a time ------------------------------------
@@ -156,6 +157,7 @@ def test_tests_that_are_not_rank_conditional(test: str) -> None:
     "torch.distributed.broadcast(t, 0)", "c10d.reduce(t, 0)", "distributed_c10d.gather(t)",
     "accelerator.gather(t)", "self.trainer.strategy.broadcast(x)", "fabric.broadcast(x)",
     "barrier()", "anything.all_gather(t)", "FSDP.summon_full_params(model)",
+    "dist.all_gather_single(a, b)", "dist.reduce_scatter_single(a, b)", "c10d.all_gather_single(a, b)",
 ])
 def test_collective_calls(call: str) -> None:
     [finding] = lint_source(f"if rank == 0:\n    {call}\n", "t.py")
@@ -178,6 +180,24 @@ def test_import_aliases_make_plain_names_collectives() -> None:
         "if rank == 0:\n    bcast(t, 0)\n    reduce(t, 0)\n    td.gather(t)\n"
     )
     assert [f.call for f in lint_source(source, "t.py")] == ["bcast()", "reduce()", "td.gather()"]
+
+
+def test_single_tensor_collectives_imported_by_name_are_collectives() -> None:
+    source = (
+        "from torch.distributed import all_gather_single, reduce_scatter_single as rss\n"
+        "if rank == 0:\n    all_gather_single(out, t)\n    rss(out, t)\n"
+    )
+    assert [(f.line, f.code, f.call) for f in lint_source(source, "t.py")] == [
+        (3, "DTW001", "all_gather_single()"), (4, "DTW001", "rss()")]
+
+
+def test_every_op_the_recorder_wraps_is_a_collective_for_the_lint() -> None:
+    """One table: what dtwatch records at runtime, the lint finds statically, p2p ops as p2p."""
+    assert set(OP_KINDS) <= set(COLLECTIVES)
+    assert {name for name in OP_KINDS if COLLECTIVES[name].p2p} == P2P_NAMES
+    source = "def f():\n    if rank == 0:\n        return\n    dist.reduce_scatter_single(out, t)\n"
+    [finding] = lint_source(source, "t.py")
+    assert (finding.code, finding.line, finding.call) == ("DTW002", 3, "return")
 
 
 def test_derived_name_is_local_to_its_function() -> None:

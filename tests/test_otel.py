@@ -64,7 +64,8 @@ def dtwatch_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
 def test_config_argument_beats_environment_beats_default() -> None:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc,x-team=ml", "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-team=infra",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc,x-team=ml",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-team=infra",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "1500", "OTEL_SERVICE_NAME": "trainer-watch",
         "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,k8s.pod.name=pod%2D1",
     }
@@ -94,7 +95,8 @@ def test_config_refuses_bad_arguments_and_warns_on_bad_environment(caplog: pytes
     with pytest.raises(OtelConfigError, match="every_n_steps"):
         SpanSampling(every_n_steps=0)
     with caplog.at_level(logging.WARNING, logger="dtwatch"):
-        cfg = resolve_config(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
+        cfg = resolve_config(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317",
+                                      "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
     assert cfg.traces is not None and cfg.traces.protocol == "grpc"
     assert len(dtwatch_warnings(caplog)) == 1 and "OTEL_EXPORTER_OTLP_PROTOCOL" in caplog.text
 
@@ -147,7 +149,8 @@ def test_spans_and_metrics_reach_a_real_receiver(job: ExpJob, receiver, caplog: 
             assert abs(s.start_ns - row["t_enter"][0] * 1e9) < 1000 and abs(s.end_ns - row["t_exit"][0] * 1e9) < 1000
             step = steps[(rank, s.attributes["dtwatch.step"])]
             assert s.parent_span_id == step.span_id and s.trace_id == step.trace_id
-            assert step.start_ns <= s.start_ns and (step.attributes.get("dtwatch.step_incomplete") or s.end_ns <= step.end_ns)
+            assert step.start_ns <= s.start_ns
+            assert step.attributes.get("dtwatch.step_incomplete") or s.end_ns <= step.end_ns
         ar = [s for s in mine if s.name == "all_reduce"]
         assert {s.attributes["dtwatch.bytes"] for s in ar} == {16 * 4}
         assert {s.attributes["code.lineno"] for s in ar} == {line_of("dist.all_reduce(t)")}
@@ -166,9 +169,12 @@ def test_spans_and_metrics_reach_a_real_receiver(job: ExpJob, receiver, caplog: 
 
     total = receiver.latest("dtwatch_collectives_total")
     for rank, result in job.results.items():
-        point = total[tuple(sorted({"job_id": job.job_id, "node": view.node, "rank": str(rank), "local_rank": str(rank), "op": "all_reduce"}.items()))]
+        labels = {"job_id": job.job_id, "node": view.node, "rank": str(rank), "local_rank": str(rank),
+                  "op": "all_reduce"}
+        point = total[tuple(sorted(labels.items()))]
         assert point.kind == "sum" and point.monotonic and point.value == result["counts"]["all_reduce"]
-        seq = [p for p in receiver.latest("dtwatch_collective_seq").values() if p.attributes["rank"] == str(rank) and p.attributes["group"] == "0"]
+        seq = [p for p in receiver.latest("dtwatch_collective_seq").values()
+               if p.attributes["rank"] == str(rank) and p.attributes["group"] == "0"]
         assert len(seq) == 1 and seq[0].kind == "gauge" and seq[0].value == result["seq"]["0"]
         hist = [p for p in receiver.latest("dtwatch_collective_duration_seconds").values()
                 if p.attributes["rank"] == str(rank) and p.attributes["op"] == "all_reduce"]
@@ -210,7 +216,8 @@ def test_a_flood_of_collectives_is_capped_but_slow_ones_are_kept(tmp_path: Path)
 def test_high_rate_keeps_whole_steps_and_the_same_steps_on_every_rank(tmp_path: Path) -> None:
     # two ranks, 20k collectives in 200 steps of 100 each within ~10 s: 2000/s >> cap of 100/s
     for rank in (0, 1):
-        write_synthetic_ring(tmp_path / ring_filename(rank), rank=rank, world_size=2, n=20_000, steps=200, duration=0.0005)
+        write_synthetic_ring(tmp_path / ring_filename(rank), rank=rank, world_size=2, n=20_000, steps=200,
+                             duration=0.0005)
     view = node_view(tmp_path)
     sampling = SpanSampling(max_spans_per_second=100, burst_seconds=1000)  # a large bucket: the stride decides
     with GrpcReceiver() as rx:
@@ -218,20 +225,23 @@ def test_high_rate_keeps_whole_steps_and_the_same_steps_on_every_rank(tmp_path: 
         exporter.update(view)
         exporter.shutdown()
         calls, steps = exported(rx)
-    kept = {r: sorted({s.attributes["dtwatch.step"] for s in calls if s.attributes["dtwatch.rank"] == r}) for r in (0, 1)}
+    kept = {r: sorted({s.attributes["dtwatch.step"] for s in calls if s.attributes["dtwatch.rank"] == r})
+            for r in (0, 1)}
     assert kept[0] == kept[1] and len(kept[0]) >= 2
     stride = kept[0][1] - kept[0][0]
     assert stride in (16, 32) and all(k % stride == 0 for k in kept[0])  # 2000/s over 100/s -> 2**5 (rate estimate +-)
     per_step = {}
     for s in calls:
-        per_step[(s.attributes["dtwatch.rank"], s.attributes["dtwatch.step"])] = per_step.get((s.attributes["dtwatch.rank"], s.attributes["dtwatch.step"]), 0) + 1
+        key = (s.attributes["dtwatch.rank"], s.attributes["dtwatch.step"])
+        per_step[key] = per_step.get(key, 0) + 1
     assert set(per_step.values()) == {100}  # kept steps are complete
     assert all(s.attributes["dtwatch.spans_dropped"] == 0 for s in steps)
 
 
 def test_every_n_steps_when_the_rate_is_low(job: ExpJob) -> None:
     with GrpcReceiver() as rx:
-        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=2), environ={})
+        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=2),
+                                environ={})
         exporter.update(node_view(job.run_dir))
         exporter.shutdown()
         calls, steps = exported(rx)
@@ -264,7 +274,8 @@ def test_a_late_completion_of_a_forgotten_step_lands_in_that_steps_trace(tmp_pat
     recs = view.new_records[0]
     late = recs[(recs["step"] == 3) & ((recs["flags"] & FLAG_MARKER) == 0)][:1].copy()  # "completes" only now
     with GrpcReceiver() as rx:
-        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=1000), environ={})
+        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=1000),
+                                environ={})
         exporter.update(view)
         exporter.update(replace(view, new_records={0: late}, now=view.now + 1))
         exporter.shutdown()
@@ -275,7 +286,8 @@ def test_a_late_completion_of_a_forgotten_step_lands_in_that_steps_trace(tmp_pat
     slow = replace(view, new_records={0: late}, now=view.now + 1)
     slow.new_records[0]["t_exit"] = slow.new_records[0]["t_enter"] + 5.0  # now slow: always kept
     with GrpcReceiver() as rx:
-        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=1000), environ={})
+        exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=1000),
+                                environ={})
         exporter.update(view)
         exporter.update(slow)
         exporter.shutdown()

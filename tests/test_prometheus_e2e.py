@@ -44,7 +44,8 @@ def test_prometheus_scrapes_the_watchdog_and_stores_what_the_rings_say(tmp_path:
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            f"scrape_configs:\n  - job_name: dtwatch\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n"
+            "scrape_configs:\n  - job_name: dtwatch\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{metrics_port}']\n"
         )
         server = subprocess.Popen(
             [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -75,13 +76,15 @@ def test_prometheus_scrapes_the_watchdog_and_stores_what_the_rings_say(tmp_path:
         _, states = read_states(root / job_id)
         for state in states:
             r = str(state.rank)
+            expected = results[state.rank]
             for group, progress in state.groups.items():
-                assert series("dtwatch_collective_seq", rank=r, group=group) == progress.seq == results[state.rank]["seq"][group]
+                assert series("dtwatch_collective_seq", rank=r, group=group) == progress.seq == expected["seq"][group]
                 assert series("dtwatch_collective_seq_lag", rank=r, group=group) == 0
-            assert series("dtwatch_steps_total", rank=r) == state.step == results[state.rank]["steps"]
+            assert series("dtwatch_steps_total", rank=r) == state.step == expected["steps"]
             assert series("dtwatch_rank_up", rank=r, local_rank=str(state.local_rank)) == 1
             assert series("dtwatch_rank_in_collective", rank=r) == 0
-            assert series("dtwatch_collective_duration_seconds_count", rank=r, op="broadcast") == results[state.rank]["counts"]["broadcast"]
+            assert (series("dtwatch_collective_duration_seconds_count", rank=r, op="broadcast")
+                    == expected["counts"]["broadcast"])
         assert series("dtwatch_watchdog_ranks", job_id=job_id) == 2
         assert series("dtwatch_incident_open", job_id=job_id) == 0
         assert series("up", job="dtwatch") == 1

@@ -180,7 +180,7 @@ def test_mixed_collectives(torchrun):
         assert [(r.op, r.site.line) for r in recs] == [(EXPECTED[n["site"]][0], lines[n["site"]]) for n in notes]
 
         last_in_group: dict[str, int] = {}
-        for rec, note in zip(recs, notes):
+        for rec, note in zip(recs, notes, strict=True):
             site = note["site"]
             op, dtype, shape, numel, ntensors, span, flags = EXPECTED[site]
             where = f"rank {rank} {site}"
@@ -279,7 +279,7 @@ def test_killed_rank_and_exit_states(torchrun):
     # Exit states: rank 2 raised (from its SIGTERM handler), rank 3 returned normally.
     k2, k3 = job.ring(2), job.ring(3)
     assert k2.exit_state_name == "exception"
-    assert k2.exit_reason.startswith("Stopped: rank 2 stopped by the launcher's SIGTERM")
+    assert k2.exit_reason.startswith("StoppedError: rank 2 stopped by the launcher's SIGTERM")
     assert k3.exit_state_name == "exited" and k3.exit_reason == "process exited normally"
     assert k3.open_records() == [] and k3.last_seq("0") == 2
 
@@ -514,10 +514,12 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
     # and lists the user's lines that led there (main_stack), innermost first.
     def waiting_in_library(rank):
         s = job.ring(rank)
-        return s if s.main_site is not None and (s.main_site.file, s.main_site.line) == (lib_file, lib["wait"]) else None
+        at_wait = s.main_site is not None and (s.main_site.file, s.main_site.line) == (lib_file, lib["wait"])
+        return s if at_wait else None
 
     for rank in range(2):
-        s = wait_for(lambda: waiting_in_library(rank), 120, f"rank {rank} waiting in wrapperlib.wait_for_file")
+        s = wait_for(lambda rank=rank: waiting_in_library(rank), 120,
+                     f"rank {rank} waiting in wrapperlib.wait_for_file")
         assert s.main_site.function == "wait_for_file"
         assert (s.main_top_site.file, s.main_top_site.line) == (lib_file, lib["wait"])
         assert [(x.file, x.line) for x in s.main_stack[:1]] == [(script, user["lib_wait"])]
@@ -548,7 +550,7 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
         recs = collectives(snap)
         got = [(r.op, (r.site.file, r.site.line), (r.user_site.file, r.user_site.line)) for r in recs]
         assert got == [e[:3] for e in expected], rank
-        for r, (_, _, _, flags) in zip(recs, expected):
+        for r, (_, _, _, flags) in zip(recs, expected, strict=True):
             assert r.flags & flags == flags and not r.in_flight
         # Pseudo-files keep their name: never joined to the working directory as if they were files.
         assert all(s.file == "<string>" or os.path.isabs(s.file) and "<" not in s.file for s in snap.sites)

@@ -32,15 +32,8 @@ from dtwatch.record.recorder import Recorder
 from dtwatch.record.samplers import describe_loader, training_now
 from dtwatch.record.setup_facts import EPOCHS_KEPT, FINGERPRINTS_KEPT, SetupFacts, _fit
 from dtwatch.report.capture import load_fixture
-from dtwatch.ring.setup_facts import (
-    FACTS_CAPACITY,
-    FACTS_END,
-    FACTS_HEAD,
-    FACTS_OFFSET,
-    encode_facts,
-    read_facts,
-    write_facts,
-)
+from dtwatch.ring.layout import FACTS_CAPACITY, FACTS_END, FACTS_HEAD, FACTS_OFFSET
+from dtwatch.ring.setup_facts import encode_facts, read_facts, write_facts
 from tests.harness import REPO, SCRIPTS, site_line
 
 FIXTURES = Path(__file__).parent / "fixtures" / "setup"

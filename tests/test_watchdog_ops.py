@@ -65,7 +65,8 @@ def test_fail_fast_ends_the_job_and_webhook_names_the_rank(tmp_path):
     hook = WebhookReceiver()
     job = launch(tmp_path, "rank_conditional", 2, window=4.0, watch_args=["--fail-fast", "--webhook", hook.url])
     try:
-        event = until("a stall webhook", lambda: next((p for p in hook.payloads if p.get("status") == "stall"), None), 90)
+        event = until("a stall webhook",
+                      lambda: next((p for p in hook.payloads if p.get("status") == "stall"), None), 90)
         assert event["findings"][0]["kind"] == "rank_conditional"
         assert event["findings"][0]["ranks"] == [0]
         assert event["job_id"] == job.job_id and event["bundle"]
@@ -104,7 +105,8 @@ def test_dtwatch_run_diagnoses_an_unmodified_script(tmp_path):
     assert proc.stderr.index(notice[0]) < proc.stderr.index("dtwatch: --fail-fast: ending ranks 0-1")
     bundle = next((root / "zeroedit" / "incidents").glob("*/*/index.json")).parent
     assert f"dtwatch:   bundle: {bundle}" in proc.stderr
-    assert proc.stderr.rstrip().splitlines()[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3")
+    last_line = proc.stderr.rstrip().splitlines()[-1]
+    assert last_line.startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3")
     assert "watching" not in proc.stderr  # the watchdog's log is in the run directory, not on the terminal
     assert "dtwatch: watching" in (root / "zeroedit" / f"watchdog-{socket.gethostname()}.log").read_text()
     assert sorted(p.name for p in (root / "zeroedit").glob("rank-*.ring")) == ["rank-00000.ring", "rank-00001.ring"]
@@ -121,7 +123,8 @@ def test_dtwatch_run_keeps_the_exit_status_of_a_crash_and_calls_it_one(tmp_path)
         stop_processes([proc])
     assert proc.returncode == 1, err[-3000:]  # torchrun's own status for a failed worker
     notice = [line for line in err.splitlines() if line.startswith("dtwatch: CRASH [")]
-    assert len(notice) == 1 and notice[0].startswith("dtwatch: CRASH [rank_exited] rank 1 last seen in all_reduce"), err[-3000:]
+    assert len(notice) == 1, err[-3000:]
+    assert notice[0].startswith("dtwatch: CRASH [rank_exited] rank 1 last seen in all_reduce"), err[-3000:]
     assert "ValueError: loss is NaN on rank 1" in err.split(notice[0], 1)[1]
     assert "STALL" not in err
     assert err.rstrip().splitlines()[-1].startswith("dtwatch: CRASH diagnosed; python exited with status 1; bundle ")
@@ -150,7 +153,8 @@ def test_one_line_import_shows_the_diagnosis_on_torchruns_console(tmp_path):
         index = job.wait_incident(timeout=30, complete=False)
         lines = [line for line in text.splitlines() if line.startswith("dtwatch: ")]
         assert lines[0].startswith("dtwatch: STALL [rank_conditional] rank 0 in all_reduce (group 0, seq ")
-        assert lines[0].split(" at ", 1)[1].startswith(f"tests/scripts/hang_worker.py:{site_line('validate_all_reduce')} ")
+        root_site = f"tests/scripts/hang_worker.py:{site_line('validate_all_reduce')} "
+        assert lines[0].split(" at ", 1)[1].startswith(root_site)
         assert lines[1].startswith("dtwatch:   rank 1 waits in barrier (group 0, seq ")
         assert f"hang_worker.py:{site_line('barrier_after')} " in lines[1]
         assert lines[2].startswith("dtwatch:   diagnosis: rank 0 ")
@@ -177,7 +181,8 @@ def test_fail_fast_leaves_no_process_of_the_job(tmp_path):
         index = job.wait_incident(timeout=90)
         f = next(f for f in index["findings"] if f["severity"] == "stall")
         assert f["ranks"] == [1]
-        event = until("the fail-fast event", lambda: next((e for e in job.events() if e["event"] == "fail_fast"), None), 60)
+        event = until("the fail-fast event",
+                      lambda: next((e for e in job.events() if e["event"] == "fail_fast"), None), 60)
         assert sorted(event["ranks"]) == [0, 1]
         assert len(event["descendants"]) >= 5  # 2 DataLoader workers per rank, rank 1's helper
         assert event["survivors"] == []
@@ -218,7 +223,8 @@ def test_watchdog_of_a_killed_dtwatch_run_outlives_its_ranks_only(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         time.sleep(3)
         assert not gone(pid)  # its ranks still run
-        until("the job to end", lambda: not [c for c in job_processes("orphan").values() if "hang_worker" in c] or None, 90)
+        until("the job to end",
+              lambda: not [c for c in job_processes("orphan").values() if "hang_worker" in c] or None, 90)
         until("the watchdog to exit", lambda: gone(pid), 10)
     finally:
         stop_processes([proc])
@@ -279,7 +285,8 @@ def test_watchdog_survives_torchrun_restart_and_closes_the_incident(tmp_path):
                         f"{(root / 'restarts.out').read_text()[-3000:]}\nwatchdog:\n{log.read_text()[-3000:]}")
         assert code == 0, (root / "restarts.out").read_text()[-3000:]
         assert watchdog.wait(timeout=60) == 0, log.read_text()
-        events = [json.loads(line) for line in (root / job_id / f"events-{socket.gethostname()}.jsonl").read_text().splitlines()]
+        events_file = root / job_id / f"events-{socket.gethostname()}.jsonl"
+        events = [json.loads(line) for line in events_file.read_text().splitlines()]
         kinds = [e["event"] for e in events]
         assert "stall" in kinds and "resolved" in kinds and kinds.index("stall") < kinds.index("resolved")
         stall = next(e for e in events if e["event"] == "stall")
@@ -342,12 +349,96 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
 
 
+@pytest.mark.timeout(240)
+def test_another_node_takes_over_the_aggregation_when_its_watchdog_is_killed(tmp_path):
+    """Two torchrun 'nodes' whose watchdogs exchange through a store of their own (not the job's). The
+    aggregator's watchdog is killed: the other takes the lease over within two exchange intervals; the killed
+    one is restarted (as a sidecar would be) and follows; both still diagnose the hang, naming the remote rank."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dtwatch.watchdog.election import Lease
+
+    job_id, interval, window = "takeover", 1.0, 12.0
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    master_port = free_port()
+    lease_key = f"dtwatch/{job_id}/x1/lease"
+    args = {name: ["--node", name, "--store", f"127.0.0.1:{store.port}", "--store-interval", str(interval),
+                   "--idle-exit", "3"] for name in ("node-a", "node-b")}
+    nodes: dict[str, list] = {}
+    procs: list[subprocess.Popen] = []
+    try:
+        for node_rank, name in enumerate(("node-a", "node-b")):
+            root = tmp_path / name
+            watchdog, log = start_watchdog(root, job_id, window=window, extra_args=args[name])
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
+                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
+                 "rank_conditional"],
+                env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            nodes[name] = [root, watchdog, log]
+            procs += [proc, watchdog]
+
+        def head() -> dict | None:
+            key = f"dtwatch/{job_id}/x1/view"
+            return json.loads(store.get(key)) if store.check([key]) else None
+
+        until("both nodes' ranks, hung, in the aggregator's view",
+              lambda: (h := head()) is not None and h["body_ranks"] == [0, 1] and h["blocked"] == 2, 90)
+        holder = Lease.decode(store.get(lease_key))
+        assert holder is not None and holder.holder in nodes
+        other = next(n for n in nodes if n != holder.holder)
+        root, killed, _log = nodes[holder.holder]
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=10)
+        stopped = time.time()
+
+        def new_holder() -> Lease | None:
+            lease = Lease.decode(store.get(lease_key))
+            return lease if lease is not None and lease.holder == other else None
+
+        lease = until("the other node to take the lease over", new_holder, 30, interval=0.05)
+        took = time.time() - stopped
+        print(f"takeover after {took:.2f} s (exchange interval {interval} s)")
+        assert took <= 2 * interval + 0.5, f"took {took:.2f}s"
+        assert lease.term == holder.term + 1
+        # The killed watchdog comes back (a sidecar restart): it follows the new aggregator.
+        restarted, log = start_watchdog(root, job_id, window=window, extra_args=args[holder.holder])
+        nodes[holder.holder][1:] = [restarted, log]
+        procs.append(restarted)
+        indexes: dict[str, dict] = {}
+
+        def incidents() -> bool:
+            for name, (node_root, *_rest) in nodes.items():
+                for index_path in (node_root / job_id / "incidents").glob(f"*/{name}/index.json"):
+                    data = json.loads(index_path.read_text())
+                    if data.get("evidence_complete"):
+                        indexes[name] = data
+            return len(indexes) == 2
+
+        until("both nodes' diagnoses", incidents, 120)
+        for data in indexes.values():
+            f = data["findings"][0]
+            assert f["kind"] == "rank_conditional"
+            assert f["ranks"] == [0] and f["waiting_ranks"] == [1]
+            assert f["site"]["line"] == site_line("validate_all_reduce")
+        final = Lease.decode(store.get(lease_key))
+        assert final is not None and final.holder == other  # the restarted one did not take it back
+        assert "aggregates the cross-node exchange" in nodes[other][2].read_text()
+    finally:
+        stop_processes(procs)
+
+
 def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, capsys):
     from dtwatch.diagnose import Finding
     from dtwatch.watchdog.runner import _conclude
 
     f = Finding(kind="rank_conditional", severity="stall", ranks=[0], summary="rank 0 is in barrier ...", op="barrier",
-                group="0", seq=6, site={"file": "/job/train.py", "line": 11, "function": "main", "source": "dist.barrier()"},
+                group="0", seq=6,
+                site={"file": "/job/train.py", "line": 11, "function": "main", "source": "dist.barrier()"},
                 waiting_ranks=[1], waiting_op="all_reduce", waiting_group="0", waiting_seq=6)
     shown = {"event": "stall", "verdict": "stall", "incident_id": "a", "bundle": "/b/a", "shown_on": "watchdog stderr",
              "findings": [f.to_dict()]}
@@ -360,6 +451,7 @@ def test_dtwatch_run_prints_a_diagnosis_the_watchdog_could_not_show(tmp_path, ca
     (tmp_path / "events-n.jsonl").write_text(json.dumps(lost) + "\n")
     assert _conclude(str(tmp_path), "n", ["torchrun"], 1, 3) == 3
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6); root cause at /job/train.py:11 `dist.barrier()`"
+    assert err[0] == ("dtwatch: STALL [rank_conditional] rank 0 in barrier (group 0, seq 6); "
+                      "root cause at /job/train.py:11 `dist.barrier()`")
     assert err[1] == "dtwatch:   rank 1 waits in all_reduce (group 0, seq 6)"
     assert err[-1].startswith("dtwatch: the job hung and --fail-fast ended it: exit status 3 (torchrun exited with 1)")

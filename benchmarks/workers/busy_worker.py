@@ -18,6 +18,13 @@ import torch.distributed as dist
 import dtwatch.auto  # noqa: F401  (first: before init_process_group)
 
 
+def grad_of(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p``'s gradient, which backward() has just set (every parameter takes part in the loss)."""
+    if p.grad is None:
+        raise RuntimeError("a parameter got no gradient")
+    return p.grad
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -36,12 +43,13 @@ def main() -> None:
         loss = model(torch.randn(16, 32)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = torch.cat([grad_of(p).reshape(-1) for p in params])
         dist.all_reduce(flat)
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad)).div_(dist.get_world_size())
+            grad = grad_of(p)
+            grad.copy_(flat[offset:offset + n].view_as(grad)).div_(dist.get_world_size())
             offset += n
         opt.step()
         steps += 1

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from dtwatch.diagnose.decide import classify as _classify
 from dtwatch.diagnose.decide import exit_findings as _exit_findings
@@ -96,7 +97,9 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence | None
 
 def diagnose_fixture(fixture: object) -> list[Finding]:
     """Replay a captured incident (:func:`dtwatch.report.capture.load_fixture`) through :func:`diagnose`."""
-    get = (lambda k, d=None: fixture.get(k, d)) if isinstance(fixture, dict) else (lambda k, d=None: getattr(fixture, k, d))
+    def get(key: str, default: Any = None) -> Any:
+        return fixture.get(key, default) if isinstance(fixture, dict) else getattr(fixture, key, default)
+
     states = [s if isinstance(s, RankState) else RankState.from_dict(s) for s in get("states", [])]
     ev = RecordedEvidence(get("sources"), get("stacks"), get("flight_records"), get("endings"))
     result = diagnose(states, float(get("now") or 0.0), float(get("window") or 10.0), ev,

@@ -38,11 +38,10 @@ def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
                 for key in ("op_id", "seq"):
                     if isinstance(e.get(key), int) and e[key] <= upto:
                         known.add(int(e[key]))
-        def calls_at(seq: int) -> dict[int, Call] | None:
+        def calls_at(seq: int, group: str = group, members: list[int] = members) -> dict[int, Call] | None:
             calls = {m: ctx.named(m, ctx.call_at(m, group, seq)) for m in members}
-            if any(c is None or c.op == CPP_OP or c.op in P2P for c in calls.values()):
-                return None
-            return calls
+            issued = {m: c for m, c in calls.items() if c is not None and c.op != CPP_OP and c.op not in P2P}
+            return issued if len(issued) == len(calls) else None
 
         for seq in sorted(known):
             calls = calls_at(seq)
@@ -56,9 +55,8 @@ def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
                 earlier = calls_at(start - 1)
                 if earlier is None or not _split_by_line(ctx, earlier, split):
                     break
-                start -= 1
-            if start != seq:
-                seq, calls = start, calls_at(start)
+                start, calls = start - 1, earlier
+            seq = start
             sides: dict[tuple, list[Position]] = defaultdict(list)
             for m, c in calls.items():
                 sides[split[m]].append(Position(m, "blocked", c, None))
@@ -104,9 +102,9 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
     # (p2p calls pair with their peer's matching call, not by sequence number: they are followed below.)
     points: dict[tuple[str, int], list[Position]] = defaultdict(list)
     for p in blocked:
-        if p.call.op not in P2P:
-            points[(p.call.group, p.call.seq)].append(p)
-    for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.call.t_enter for p in kv[1])):
+        if p.issued.op not in P2P:
+            points[(p.issued.group, p.issued.seq)].append(p)
+    for (group, seq), here in sorted(points.items(), key=lambda kv: min(p.issued.t_enter for p in kv[1])):
         # Members that already passed this point: what they issued there (their call completed on their
         # side, e.g. gloo finished a send of the wrong size) counts too.
         there = {p.rank for p in here}
@@ -121,30 +119,32 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
             return [desync(ctx, group, seq, list(sides.values()), waiting)]
 
     # 2. Someone waits for ranks that have not issued the call: follow who waits for whom.
-    edges = [(p, m) for p in blocked for m in ctx.missing(p.rank, p.call)]
+    edges = [(p, m) for p in blocked for m in ctx.missing(p.rank, p.issued)]
     if edges:
         return [_wait_cycle(ctx, edges, waiting)]
 
     # 3. Everyone seen is in the same collective and nobody seen is missing.
-    p = min(blocked, key=lambda q: q.call.t_enter)
+    p = min(blocked, key=lambda q: q.issued.t_enter)
     fields, _ = ctx.waiting(waiting)
-    site = ctx.user_site(p.rank, p.call)
+    site = ctx.user_site(p.rank, p.issued)
     world = max(s.world_size for s in ctx.states)
-    unseen = sorted(set(ctx.members(p.rank, p.call.group)) - set(ctx.by_rank)) if ctx.by_rank[p.rank].groups.get(
-        p.call.group) and ctx.by_rank[p.rank].groups[p.call.group].members else sorted(set(range(world)) - set(ctx.by_rank))
+    progress = ctx.by_rank[p.rank].groups.get(p.issued.group)
+    members = ctx.members(p.rank, p.issued.group) if progress and progress.members else range(world)
+    unseen = sorted(set(members) - set(ctx.by_rank))
     if unseen:
         seen = sorted(ctx.by_rank)
-        parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside {describe(p.call)} at "
-                 f"{ctx.fmt(site)}",
-                 f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: no ring "
+        parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
+                 f"{describe(p.issued)} at {ctx.fmt(site)}",
+                 f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: "
+                 "no ring "
                  "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
                  f"{'it' if len(unseen) == 1 else 'they'} issued this call is not known"]
     else:
-        parts = [f"all ranks are inside {describe(p.call)} at {ctx.fmt(site)} and none is missing",
+        parts = [f"all ranks are inside {describe(p.issued)} at {ctx.fmt(site)} and none is missing",
                  "the collective itself is not completing (network, transport, or a peer outside this job)"]
     return [Finding(
         kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
-        op=p.call.op, group=p.call.group, seq=p.call.seq, site=ctx.site(site),
+        op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=ctx.site(site),
         details={"unseen_ranks": unseen}, **fields,
     )]
 
@@ -152,18 +152,18 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
 def sides_at(ctx: Context, here: list[Position]) -> dict[tuple, list[Position]]:
     """Positions at one point grouped by what they issued. A C++-issued call the Flight Recorder did not
     name on some rank (a dead rank cannot dump it) is compared as "issued from C++" on every rank."""
-    unnamed = any(p.call.op == CPP_OP for p in here)
+    unnamed = any(p.issued.op == CPP_OP for p in here)
     sides: dict[tuple, list[Position]] = defaultdict(list)
     for p in here:
         sig = _signature(ctx, p)
-        if unnamed and p.call.fingerprint.startswith(CPP_PREFIX):
+        if unnamed and p.issued.fingerprint.startswith(CPP_PREFIX):
             sig = (CPP_OP,)
         sides[sig].append(p)
     return dict(sides)
 
 
 def _signature(ctx: Context, p: Position) -> tuple:
-    c = p.call
+    c = p.issued
     if c.op == CPP_OP:
         return (CPP_OP,)
     if c.fingerprint.startswith(CPP_PREFIX):
@@ -176,10 +176,12 @@ def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wait
     """Ranks at the same point of a group in different calls."""
     sides = sorted(sides, key=lambda side: (len(side), min(p.rank for p in side)))
     # Same line, different op/dtype/shape: the ranks disagree on the arguments of one call.
-    python = [side for side in sides if side[0].call.op != CPP_OP]
+    python = [side for side in sides if side[0].issued.op != CPP_OP]
     by_line: dict[tuple, list[list[Position]]] = defaultdict(list)
     for side in python:
-        by_line[tuple(sorted(filter(None, [side[0].call.site_key, _key(ctx.user_site(side[0].rank, side[0].call))])))].append(side)
+        call = side[0].issued
+        keys = [call.site_key, _key(ctx.user_site(side[0].rank, call))]
+        by_line[tuple(sorted(k for k in keys if k))].append(side)
     for line_sides in by_line.values():
         if len(line_sides) > 1:
             return _mismatch(ctx, group, seq, line_sides, waiting)
@@ -201,8 +203,8 @@ def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wait
     # One side makes a call the other does not. The deviant is the smaller side; between equal sides,
     # the one under a rank test. If the deviant is under no rank test but the others are (``if rank != 0:
     # dist.broadcast_object_list(...)``), the others' branch left it out: it skipped their call.
-    branches = {id(side): ctx.branch(side[0].rank, side[0].call) for side in sides}
-    scored = sorted(sides, key=lambda side: (len(side), branches[id(side)] is None, side[0].call.op == CPP_OP,
+    branches = {id(side): ctx.branch(side[0].rank, side[0].issued) for side in sides}
+    scored = sorted(sides, key=lambda side: (len(side), branches[id(side)] is None, side[0].issued.op == CPP_OP,
                                              min(p.rank for p in side)))
     culprit = scored[0]
     others = [p for side in sides if side is not culprit for p in side]
@@ -217,10 +219,10 @@ def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wait
 def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiting: list[int]) -> Finding:
     """``side`` did not make the call the majority is in, because the majority's rank test left it out."""
     ranks = sorted(p.rank for p in side)
-    call = majority[0].call
+    call = majority[0].issued
     site = ctx.user_site(majority[0].rank, call)
     branch = ctx.branch(majority[0].rank, call)
-    mine = side[0].call
+    mine = side[0].issued
     mine_site = ctx.user_site(side[0].rank, mine)
     maj_ranks = sorted(p.rank for p in majority)
     fields, _ = ctx.waiting(maj_ranks)
@@ -248,24 +250,25 @@ def _mismatch(ctx: Context, group: str, seq: int, sides: list[list[Position]], w
     ordered = sorted(sides, key=lambda side: (len(side), min(p.rank for p in side)))
     minority = sorted(p.rank for p in ordered[0])
     culprit = ordered[0][0]
-    site = ctx.user_site(culprit.rank, culprit.call)
+    site = ctx.user_site(culprit.rank, culprit.issued)
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in minority)
-    prints = "; ".join(f"{fmt_ranks(p.rank for p in side)}: {side[0].call.fingerprint}" for side in ordered)
+    prints = "; ".join(f"{fmt_ranks(p.rank for p in side)}: {side[0].issued.fingerprint}" for side in ordered)
     return Finding(
         kind=Kind.MISMATCH, severity=STALL, ranks=minority,
         summary=sentence(f"group {group} seq {seq}: the ranks call {ctx.fmt(site)} with different arguments ({prints})",
                          f"{fmt_ranks(minority)} {verb(minority, 'is', 'are')} the minority"),
-        op=culprit.call.op, group=group, seq=seq, site=ctx.site(site),
-        details={"fingerprints": {side[0].call.fingerprint: sorted(p.rank for p in side) for side in ordered}}, **fields,
+        op=culprit.issued.op, group=group, seq=seq, site=ctx.site(site),
+        details={"fingerprints": {side[0].issued.fingerprint: sorted(p.rank for p in side) for side in ordered}},
+        **fields,
     )
 
 
 def _order_swap(ctx: Context, group: str, sides: list[list[Position]]) -> tuple | None:
     """Two sides each in a call the other side made earlier in this group (same lines, other order)."""
-    if len(sides) != 2 or any(side[0].call.op == CPP_OP for side in sides):
+    if len(sides) != 2 or any(side[0].issued.op == CPP_OP for side in sides):
         return None
     a, b = sides
-    key_a, key_b = _key(ctx.user_site(a[0].rank, a[0].call)), _key(ctx.user_site(b[0].rank, b[0].call))
+    key_a, key_b = _key(ctx.user_site(a[0].rank, a[0].issued)), _key(ctx.user_site(b[0].rank, b[0].issued))
 
     def history(rank: int) -> set:
         g = ctx.by_rank[rank].groups.get(group)
@@ -276,24 +279,26 @@ def _order_swap(ctx: Context, group: str, sides: list[list[Position]]) -> tuple 
     return None
 
 
-def _swapped(ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[Position]], waiting: list[int]) -> Finding:
+def _swapped(
+    ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[Position]], waiting: list[int],
+) -> Finding:
     minority, majority = swap
-    branch = ctx.branch(minority[0].rank, minority[0].call)
+    branch = ctx.branch(minority[0].rank, minority[0].issued)
     ranks = sorted(p.rank for p in minority)
     others = sorted(p.rank for p in majority)
-    site_m = ctx.user_site(minority[0].rank, minority[0].call)
-    site_o = ctx.user_site(majority[0].rank, majority[0].call)
+    site_m = ctx.user_site(minority[0].rank, minority[0].issued)
+    site_o = ctx.user_site(majority[0].rank, majority[0].issued)
     fields, _ = ctx.waiting(others)
     summary = sentence(
         f"{fmt_ranks(ranks)} and {fmt_ranks(others)} issue the same collectives of group {group} in a different order: "
-        f"at seq {seq}, {fmt_ranks(ranks)} {ctx.presence(ranks)} {op_name(minority[0].call)} at {ctx.fmt(site_m)}, "
-        f"while {fmt_ranks(others)} {ctx.presence(others)} {op_name(majority[0].call)} at {ctx.fmt(site_o)}; "
+        f"at seq {seq}, {fmt_ranks(ranks)} {ctx.presence(ranks)} {op_name(minority[0].issued)} at {ctx.fmt(site_m)}, "
+        f"while {fmt_ranks(others)} {ctx.presence(others)} {op_name(majority[0].issued)} at {ctx.fmt(site_o)}; "
         "both lines ran on every rank earlier",
         f"the branch {ctx.fmt(branch)} decides the order on {fmt_ranks(ranks)}" if branch else "",
     )
     return Finding(
         kind=Kind.DESYNC, severity=STALL, ranks=ranks, summary=summary,
-        op=minority[0].call.op, group=group, seq=seq, site=ctx.site(site_m),
+        op=minority[0].issued.op, group=group, seq=seq, site=ctx.site(site_m),
         details={"pattern": "order_swap", "other_site": ctx.site(site_o), "conditional_line": branch}, **fields,
     )
 
@@ -301,9 +306,10 @@ def _swapped(ctx: Context, group: str, seq: int, swap: tuple, sides: list[list[P
 def conditional(ctx: Context, side: list[Position], others_pos: list[Position], waiting: list[int],
                  note: str | None = None, others_known: bool = True) -> Finding:
     """A collective only some ranks call (``side``) at a point where the others are in another call."""
-    call = side[0].call
+    call = side[0].issued
     ranks = sorted(p.rank for p in side)
-    others = sorted({p.rank for p in others_pos} | {r for r, p in ctx.pos.items() if r not in ranks and p.state != "gone"})
+    others = sorted({p.rank for p in others_pos}
+                    | {r for r, p in ctx.pos.items() if r not in ranks and p.state != "gone"})
     fields, waiting_txt = ctx.waiting(others)
     branch = ctx.branch(side[0].rank, call)
     site = ctx.user_site(side[0].rank, call)
@@ -325,7 +331,8 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
         other_ranks = sorted(p.rank for p in others_pos)
         parts.append(f"at the same point {fmt_ranks(other_ranks)} "
                      f"{ctx.presence(other_ranks)} "
-                     f"{describe(others_pos[0].call)} at {ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].call))}")
+                     f"{describe(others_pos[0].issued)} at "
+                     f"{ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].issued))}")
     elif others_known:
         parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")
     if waiting_txt and not others_pos:
@@ -353,11 +360,11 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
     never made is the peers' extra call instead."""
     def order(edge: tuple[Position, int]) -> tuple:
         p, m = edge
-        p2p = p.call.op in P2P
-        return (not p2p, len(ctx.members(p.rank, p.call.group)), p.call.t_enter, p.rank, m)
+        p2p = p.issued.op in P2P
+        return (not p2p, len(ctx.members(p.rank, p.issued.group)), p.issued.t_enter, p.rank, m)
 
     p, m = sorted(edges, key=order)[0]
-    call = p.call
+    call = p.issued
     site = ctx.user_site(p.rank, call)
     pm = ctx.pos.get(m)
     m_call = pm.call if pm is not None else None
@@ -370,7 +377,7 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
     made_before = site is not None and g is not None and any(
         _key(ctx.user_site(m, c)) == _key(site) for c in g.recent)
     branch = ctx.branch(p.rank, call)
-    waiters = sorted({q.rank for q, mm in edges if mm == m and q.call.group == call.group})
+    waiters = sorted({q.rank for q, mm in edges if mm == m and q.issued.group == call.group})
     members = ctx.members(p.rank, call.group)
     absent = [r for r in members if r not in waiters and r != p.rank]
     issued_by = len(set(waiters) | {p.rank})

@@ -28,8 +28,10 @@ def is_library_path(path: str) -> bool:
     if os.path.isabs(path) and not is_user_file(path):
         return True
     parts = path.replace("\\", "/").split("/")
-    return "site-packages" in parts or "dist-packages" in parts or "<site-packages>" in parts or \
-        "<stdlib>" in parts or any(p.startswith("python3") and i > 0 and parts[i - 1] == "lib" for i, p in enumerate(parts))
+    return (
+        "site-packages" in parts or "dist-packages" in parts or "<site-packages>" in parts or "<stdlib>" in parts
+        or any(p.startswith("python3") and i > 0 and parts[i - 1] == "lib" for i, p in enumerate(parts))
+    )
 
 
 class Context:
@@ -117,7 +119,8 @@ class Context:
         s = self.by_rank[rank]
         out: list[dict] = []
         if s.gone:  # where it was when it died (faulthandler's record of the fatal signal or SIGTERM)
-            out += [f for f in (self.ev.ending(rank) or {}).get("frames") or [] if not is_library_path(str(f.get("file", "")))]
+            frames = (self.ev.ending(rank) or {}).get("frames") or []
+            out += [f for f in frames if not is_library_path(str(f.get("file", "")))]
         if call is not None and call.op != CPP_OP:
             for site in (call.user_site, call.site):
                 if site:
@@ -182,7 +185,8 @@ class Context:
         """The ranks ``rank`` waits for in ``call``: members that have not issued it."""
         if call.op in P2P:
             peer = call.peer
-            peers = [peer] if peer is not None and peer >= 0 else [m for m in self.members(rank, call.group) if m != rank]
+            peers = ([peer] if peer is not None and peer >= 0
+                     else [m for m in self.members(rank, call.group) if m != rank])
             out = []
             for m in peers:
                 pm = self.pos.get(m)
@@ -203,26 +207,26 @@ class Context:
         """Finding fields and a phrase for the ranks that wait on the culprits."""
         ranks = sorted(set(ranks))
         calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
-        first = min(calls, key=lambda p: p.call.t_enter) if calls else None
+        first = min(calls, key=lambda p: p.issued.t_enter) if calls else None
         site = self.user_site(first.rank, first.call) if first else None
         fields = dict(
-            waiting_ranks=ranks, waiting_op=first.call.op if first else None,
-            waiting_group=first.call.group if first else None, waiting_seq=first.call.seq if first else None,
+            waiting_ranks=ranks, waiting_op=first.issued.op if first else None,
+            waiting_group=first.issued.group if first else None, waiting_seq=first.issued.seq if first else None,
             waiting_site=self.site(site) if first else None, onset=self.onset, detected=self.now,
         )
         if not ranks:
             return fields, ""
         if first is None:
             return fields, f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for it"
-        where = {(self.pos[r].call.group, self.pos[r].call.seq, self.pos[r].call.op) for r in ranks
+        where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
-        returned = first.call.is_async and first.call.in_flight  # NCCL's model: the rank waits elsewhere
+        returned = first.issued.is_async and first.issued.in_flight  # NCCL's model: the rank waits elsewhere
         text = f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
         if returned:
             text = (f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for {describe(first.call)}, issued at "
                     f"{self.fmt(site)}")
             waits_at = self.by_rank[first.rank].main_site
-            if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.call.user_site_key:
+            if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.issued.user_site_key:
                 text += f", at {self.fmt(waits_at)}"
         if len(where) > 1:
             text = f"{fmt_ranks(ranks)} wait, the first in {describe(first.call)} at {self.fmt(site)}"

@@ -49,7 +49,7 @@ def _classify(ctx: Context, check: StallCheck) -> list[Finding]:
     diverged = first_divergence(ctx, blocked)
     if diverged is not None:
         return [diverged]
-    needed = {m for p in blocked for m in ctx.missing(p.rank, p.call)}
+    needed = {m for p in blocked for m in ctx.missing(p.rank, p.issued)}
     outside = [p.rank for p in pos.values() if p.state == "outside" and p.rank in needed]
     if outside:
         return stuck_outside(ctx, outside, waiting)

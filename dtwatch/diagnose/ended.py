@@ -22,8 +22,8 @@ def gone_findings(ctx: Context, gone: list[int], waiting: list[int]) -> list[Fin
         if f:
             return [f]
         blocked = [ctx.pos[r] for r in waiting if ctx.pos[r].call is not None]
-        first = min(blocked, key=lambda p: p.call.t_enter) if blocked else None
-        if first is not None and first.call.op not in P2P and ctx.branch(first.rank, first.call):
+        first = min(blocked, key=lambda p: p.issued.t_enter) if blocked else None
+        if first is not None and first.issued.op not in P2P and ctx.branch(first.rank, first.issued):
             side = [p for p in blocked if p.key() == first.key()]
             return [conditional(ctx, side, [], waiting, f"{fmt_ranks(clean)} exited normally")]
     roots = _roots(ctx, [by_rank[r] for r in gone]) or gone
@@ -56,7 +56,7 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         # others are still in can be left through it, say so (as a possibility, not a fact).
         fact = early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
         hard = [e for e in (fact or {}).get("exits", []) if "_exit(" in e[1]]
-        if hard:
+        if fact and hard:
             line, text = hard[0]
             site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
                     "source": text}

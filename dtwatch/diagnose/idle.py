@@ -10,9 +10,11 @@ from dtwatch.diagnose.text import describe, fmt_site, sentence
 def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
     s = ctx.by_rank[p.rank]
     fields, waiting_txt = ctx.waiting(r for r in waiting if r != p.rank)
-    state = {"T": "stopped (SIGSTOP or a debugger)", "D": "in uninterruptible I/O"}.get(s.proc_state, "not running Python code (the GIL is held, or it is stuck in native code)")
+    state = {"T": "stopped (SIGSTOP or a debugger)", "D": "in uninterruptible I/O"}.get(
+        s.proc_state, "not running Python code (the GIL is held, or it is stuck in native code)")
     stack = ctx.ev.stack(p.rank)
     user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
+    site: dict | None
     if user is not None:
         where, site, source = f"py-spy shows it at {ctx.fmt(user)}", user, "py-spy"
     else:
@@ -55,7 +57,8 @@ def stuck_outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[
         behind = f"it has issued up to seq {seq} of group {first_group}" if seq is not None else ""
         summary = sentence(
             f"rank {r} is not in any collective: it is at {ctx.fmt(site)}"
-            + (f" (innermost frame {fmt_site(s.main_top_site, ctx.ev)})" if s.main_top_site and s.main_top_site != site else "")
+            + (f" (innermost frame {fmt_site(s.main_top_site, ctx.ev)})"
+               if s.main_top_site and s.main_top_site != site else "")
             + f", for {ctx.now - s.main_site_since:.0f}s",
             behind, waiting_txt,
         )

@@ -72,7 +72,7 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
             parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
     if loader:
         root = loader["site"]
-    elif exits:
+    elif exits and loop_fact:
         root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
     elif loop_fact:
         root = loop_fact["loop_site"]  # the loop the ranks run a different number of times

@@ -28,8 +28,11 @@ class Kind(str, Enum):
     SAME_SHUFFLE = "same_shuffle"  # DistributedSampler(shuffle=True) whose epoch never changes
     CONFIG_DIVERGENCE = "config_divergence"  # ranks disagree on facts they should share (torch, model)
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 KINDS = tuple(k.value for k in Kind)
@@ -75,6 +78,13 @@ class Position:
     state: str  # "gone" | "unresponsive" | "blocked" | "outside"
     call: Call | None = None
     site: dict | None = None
+
+    @property
+    def issued(self) -> Call:
+        """The call of a rank that issued one ("blocked" positions always carry it)."""
+        if self.call is None:
+            raise ValueError(f"rank {self.rank} is {self.state}, with no call")
+        return self.call
 
     def key(self) -> tuple:
         c = self.call

@@ -5,11 +5,11 @@ synchronous Python-issued call, it issued an asynchronous one (``async_op=True``
 a backend whose collectives return before they complete (NCCL), a synchronous one that has not
 completed (it waits for it later, at a synchronisation point), or it issued one from C++ (DDP's
 reducer, FSDP) that has not completed. On such backends the rank reports what completed (a *tracked*
-group, :mod:`dtwatch.record.completion`). Elsewhere a C++-issued collective counts as not completed when it is
-the rank's latest operation in the group and some member has not issued that sequence number. The job is stalled when some rank is blocked and nothing anywhere has progressed (no
-collective entered or left, no step, no C++ sequence number advanced) for longer than the stall
-window. A quiet period where every rank is outside collectives (eval or checkpointing on all ranks)
-is never a stall: nobody is blocked.
+group, :mod:`dtwatch.record.completion`). Elsewhere a C++-issued collective counts as not completed when
+it is the rank's latest operation in the group and some member has not issued that sequence number. The job
+is stalled when some rank is blocked and nothing anywhere has progressed (no collective entered or left, no
+step, no C++ sequence number advanced) for longer than the stall window. A quiet period where every rank is
+outside collectives (eval or checkpointing on all ranks) is never a stall: nobody is blocked.
 """
 from __future__ import annotations
 

@@ -74,10 +74,10 @@ def _differ(a: tuple | str, b: tuple | str) -> str | None:
     """How two signatures at one number disagree (a pattern name), or None where they may legitimately differ."""
     if a == b:
         return None
-    if CPP in (a, b):
+    if isinstance(a, str) or isinstance(b, str):  # one side issued from C++ (CPP)
         return "python_vs_cpp"
-    op_a, shape_a, line_a, step_a = a  # type: ignore[misc]
-    op_b, shape_b, line_b, step_b = b  # type: ignore[misc]
+    op_a, shape_a, line_a, step_a = a
+    op_b, shape_b, line_b, step_b = b
     if op_a != op_b:
         return "op_mismatch"
     if shape_a != shape_b:
@@ -122,7 +122,7 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
             sigs = {s.rank: _signature(s, group, seq, calls[s.rank]) for s in members}
             if any(v is None or v == _SKIP for v in sigs.values()):
                 continue
-            counts = Counter(sigs.values())
+            counts: Counter[tuple | str] = Counter(v for v in sigs.values() if v is not None)
             if len(counts) == 1:
                 continue
             (common, _), (other, _) = counts.most_common(2)

@@ -135,7 +135,8 @@ class RankState:
         if self.exit_state == "detached":
             return "uninstalled dtwatch"
         if self.alive is False:
-            return "ended without a Python exception or a normal exit (no exit was recorded: a signal such as SIGKILL, or os._exit)"
+            return ("ended without a Python exception or a normal exit (no exit was recorded: a signal such as "
+                    "SIGKILL, or os._exit)")
         return "running"
 
     def last_call(self) -> Call | None:
@@ -150,7 +151,8 @@ class RankState:
     def from_dict(cls, d: dict) -> RankState:
         d = dict(d)
         d["groups"] = {
-            k: GroupProgress(**{**g, "recent": [Call(**c) for c in g.get("recent", [])]}) for k, g in d["groups"].items()
+            k: GroupProgress(**{**g, "recent": [Call(**c) for c in g.get("recent", [])]})
+            for k, g in d["groups"].items()
         }
         d["open_calls"] = [Call(**c) for c in d.get("open_calls", [])]
         d.setdefault("main_stack", [])
@@ -211,7 +213,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             rows["op"].tolist(), rows["group"].tolist(), rows["seq"].tolist(), rows["site"].tolist(),
             rows["t_enter"].tolist(), rows["t_exit"].tolist(), rows["dtype"].tolist(), rows["ndim"].tolist(),
             rows["numel"].tolist(), rows["dims"].tolist(), rows["flags"].tolist(), rows["seq_span"].tolist(),
-            rows["user_site"].tolist(), rows["peer"].tolist(), rows["step"].tolist(),
+            rows["user_site"].tolist(), rows["peer"].tolist(), rows["step"].tolist(), strict=True,
         ):
             name = OPS[op] if op < n_ops else "unknown"
             key = (name, dt, numel >= 0, *dims[: min(ndim, 4)])
@@ -287,7 +289,7 @@ def _seq_times(clock: np.ndarray, slot: int) -> list[tuple[int, float]]:
     if not len(clock):
         return []
     mine = clock[clock["group"] == slot][-SEQ_TIMES_KEPT:]
-    return list(zip(mine["seq"].tolist(), mine["t"].tolist()))
+    return list(zip(mine["seq"].tolist(), mine["t"].tolist(), strict=True))
 
 
 def op_name(code: int) -> str:

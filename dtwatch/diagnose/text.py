@@ -51,7 +51,7 @@ def fmt_ranks(ranks: Iterable[int]) -> str:
     if not rs:
         return "no rank"
     parts, start, prev = [], rs[0], rs[0]
-    for r in rs[1:] + [None]:  # type: ignore[list-item]
+    for r in [*rs[1:], None]:
         if r is not None and r == prev + 1:
             prev = r
             continue

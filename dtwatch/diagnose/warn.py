@@ -1,6 +1,7 @@
 """Warnings without a stall: DataLoaders of different lengths (before the hang), stragglers."""
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -42,8 +43,9 @@ def uneven_loader_warnings(states: list[RankState], now: float) -> list[Finding]
         out.append(Finding(
             kind=Kind.UNEVEN_ITERATIONS, severity=WARNING, ranks=ld["short_ranks"],
             summary=f"DataLoader at {fmt_site(ld['site'])} has different lengths across ranks {ld['lengths']}: "
-                    f"{fmt_ranks(ld['short_ranks'])} will leave the loop early and the others will hang in their next "
-                    "collective (use DistributedSampler with the same drop_last everywhere, or the Join context manager)",
+                    f"{fmt_ranks(ld['short_ranks'])} will leave the loop early and the others will hang in their "
+                    "next collective (use DistributedSampler with the same drop_last everywhere, or the Join "
+                    "context manager)",
             site=ld["site"], detected=now, onset=now, details={"loader": ld},
         ))
     return out
@@ -100,12 +102,12 @@ def entry_lags(states: list[RankState]) -> EntryLags:
         firsts.append(first)
         for r, t in v.items():
             lags[r].append(t - first)
-        last = max(v, key=v.get)
+        last = max(v, key=lambda r: v[r])
         if v[last] > first:  # a tie (one clock sample for all) names nobody
             last_counts[last] += 1
             lasts.append((last, v[last] - first))
-    gaps = [b - a for a, b in zip(firsts, firsts[1:]) if b > a]
-    steps = [b - a for s in live for a, b in zip(s.step_times, s.step_times[1:]) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(firsts) if b > a]
+    steps = [b - a for s in live for a, b in itertools.pairwise(s.step_times) if b > a]
     return EntryLags({r: statistics.median(x) for r, x in lags.items()}, dict(last_counts), len(common),
                      statistics.median(gaps) if gaps else None, lasts, statistics.median(steps) if steps else None)
 
@@ -131,7 +133,7 @@ def straggler_warning(lags: EntryLags, now: float, min_lag: float = 0.01, min_sh
     counts: dict[int, int] = defaultdict(int)
     for r, _lag in spread:
         counts[r] += 1
-    slow = max(counts, key=counts.get)
+    slow = max(counts, key=lambda r: counts[r])
     share = counts[slow] / len(spread)
     lag = statistics.median(x for r, x in spread if r == slow)
     others = sorted(v for r, v in lags.medians.items() if r != slow)

@@ -11,7 +11,7 @@ at CUDA's default the index order may differ from NVML's, which is why the UUID 
     gpu = GpuSampler()                     # no NVML / no GPU: disabled with one info log
     readings = gpu.sample(view.local)      # {rank: {"gpu": 0, "utilization": 0.93, ...}} or {}
 
-The exporters own this: pass one sampler as ``gpu=`` to both :class:`~dtwatch.export.prometheus.NodeViewCollector`
+The exporters own this: pass one sampler as ``gpu=`` to both :class:`~dtwatch.export.prometheus.PrometheusExporter`
 and :class:`~dtwatch.export.otel.OtelExporter`; each calls ``sample(view.local)`` on update, and the sampler
 reads NVML at most every ``min_interval`` seconds (answering from its cache in between).
 """

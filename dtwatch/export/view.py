@@ -31,7 +31,8 @@ class NodeView:
     local: list[RankState]  # this node's ranks
     all_states: list[RankState]  # every rank known, this node's and other nodes'
     snapshots: dict[int, RankSnapshot]  # this node's rings as read this poll, by rank
-    new_records: dict[int, np.ndarray]  # per local rank: records (ring.RECORD_DTYPE) that completed since the last view, step markers included
+    # per local rank: records (ring.RECORD_DTYPE) that completed since the last view, step markers included
+    new_records: dict[int, np.ndarray]
     seq_lag: dict[tuple[int, str], int]  # (rank, group) -> collectives behind the group's most advanced member
     straggler_lag: dict[int, float]  # rank -> median seconds behind the first rank entering collectives
     stalled_ranks: set[int]

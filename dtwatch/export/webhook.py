@@ -68,4 +68,7 @@ class Webhook:
             self.on_error()
         if not self._warned:
             self._warned = True
-            log.warning("dtwatch: webhook %s failed: %s (further failures are counted in dtwatch_watchdog_errors_total)", self.url, why)
+            log.warning(
+                "dtwatch: webhook %s failed: %s (further failures are counted in dtwatch_watchdog_errors_total)",
+                self.url, why,
+            )

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dtwatch.lint.checker import CODES, iter_python_files, lint_file
+from dtwatch.paths import EXIT_FOUND, EXIT_OK, EXIT_USAGE
 
 DEFAULT_SELECT = ("DTW000", "DTW001", "DTW002")  # DTW003 (p2p) is opt-in
 
@@ -70,7 +71,7 @@ def run_lint(args: argparse.Namespace) -> int:
         for f in findings:
             print(f"{f.path}:{f.line}:{f.col}: {f.code} {f.message}")
         print(_summary(len(findings), len({f.path for f in findings}), len(files)), file=sys.stderr)
-    return 1 if findings else 0
+    return EXIT_FOUND if findings else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +111,7 @@ def _summary(found: int, files_with: int, checked: int) -> str:
 
 def _usage_error(message: str) -> int:
     print(f"dtwatch lint: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

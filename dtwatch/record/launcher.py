@@ -14,11 +14,14 @@ import subprocess
 import sys
 import threading
 
+from dtwatch import paths
+from dtwatch.config import OPTIONS
+
 log = logging.getLogger("dtwatch")
 
 
 def lock_path(run_dir: str, node: str) -> str:
-    return os.path.join(run_dir, f"watchdog-{node}.lock")
+    return paths.watchdog_lock_file(run_dir, node)
 
 
 def watchdog_running(run_dir: str, node: str) -> bool:
@@ -50,8 +53,8 @@ def start_watchdog(run_dir: str, node: str, extra_args: str = "") -> subprocess.
         *shlex.split(extra_args),
     ]
     env = dict(os.environ)
-    env.pop("DTWATCH_WATCHDOG_ARGS", None)
-    log_file = open(os.path.join(run_dir, f"watchdog-{node}.log"), "ab")
+    env.pop(str(OPTIONS["watchdog_args"].env), None)
+    log_file = open(paths.watchdog_log_file(run_dir, node), "ab")
     try:
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,

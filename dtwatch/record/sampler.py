@@ -2,10 +2,11 @@
 
 Every ``seq_clock_interval`` seconds (10 ms) it reads each process group's C++ sequence number and
 notes when it advanced (the ring's sequence clock). Every ``sample_interval`` seconds it also writes a
-heartbeat, samples the sequence numbers (this is how collectives issued from C++ by DDP's reducer or FSDP become visible), notes where
-the main thread is, stamps the exit of async work that has completed and, for groups whose collectives
-return before they complete (NCCL), of calls their completion source reports done (dtwatch.record.completion), registers process groups created
-since the last look, and answers the watchdog's Flight Recorder dump requests.
+heartbeat, samples the sequence numbers (this is how collectives issued from C++ by DDP's reducer or
+FSDP become visible), notes where the main thread is, has the recorder stamp the exit of work that
+completed since (async work, and calls on groups whose collectives return before they complete:
+:mod:`dtwatch.record.inflight`), registers process groups created since the last look, and answers the
+watchdog's Flight Recorder dump requests.
 
 Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.record.callsite`):
 
@@ -19,6 +20,9 @@ Where the main thread is, in the ring's terms (frame kinds as in :mod:`dtwatch.r
 While the main thread is blocked inside a collective (C++ releases the GIL) this thread keeps going,
 so the ring says exactly where the rank waits. If it stops (the GIL is held by a wedged extension, or
 the process is stopped), the heartbeat goes stale and the watchdog reports the rank unresponsive.
+
+The sampler knows the recorder only as a :class:`SamplerHost`; the recorder uses the sampler only through
+``start()``, ``close()`` and ``tick()``.
 """
 from __future__ import annotations
 
@@ -27,27 +31,51 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from dtwatch.ring import MAIN_STACK_DEPTH
-
-if TYPE_CHECKING:
-    from dtwatch.record.recorder import Recorder
+from dtwatch import paths
+from dtwatch.record.callsite import SiteTable
+from dtwatch.ring import MAIN_STACK_DEPTH, RingWriter
 
 log = logging.getLogger("dtwatch")
 
 GROUP_SCAN_EVERY = 10  # ticks between scans for new process groups
 
+SampledGroup = tuple[int, Any, Callable[[], int] | None]  # (ring slot, process group, its sequence-number reader)
+
+
+class SamplerHost(Protocol):
+    """What the sampler uses of the recorder, and all it uses."""
+
+    @property
+    def default_pg(self) -> Any:
+        """The default process group (None once detached)."""
+
+    def sampled_groups(self) -> list[SampledGroup]:
+        """A snapshot of the registered groups that have a ring slot."""
+
+    def register_groups(self, pgs: Iterable[Any]) -> None:
+        """Register those of ``pgs`` not registered yet (groups torch created without a Python call)."""
+
+    def complete_finished_work(self, now: float) -> None:
+        """Stamp the exit of the work handed over by the training threads that has completed since."""
+
+    def fail(self, what: str, exc: BaseException | None = None) -> None:
+        """dtwatch's own failure: one warning per process."""
+
 
 class Sampler(threading.Thread):
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, host: SamplerHost, ring: RingWriter, sites: SiteTable, run_dir: str, interval: float,
+                 seq_clock_interval: float) -> None:
         super().__init__(name="dtwatch-sampler", daemon=True)
-        self.rec = rec
-        self.interval = rec.config.sample_interval
+        self.host, self.ring, self.sites, self.run_dir = host, ring, sites, run_dir
+        self.interval, self.seq_clock_interval = interval, seq_clock_interval
         self._stop_event = threading.Event()
-        self.main_ident = threading.main_thread().ident
+        main_ident = threading.main_thread().ident
+        self.main_ident = main_ident if main_ident is not None else -1  # the main thread has always started
         self.last_sites = (0, 0)
         self.last_stack: list[int] = []
         self.last_seq: dict[int, int] = {}
@@ -60,11 +88,16 @@ class Sampler(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=2 * self.interval + 1)
 
+    def close(self) -> None:
+        """Stop the thread, then sample the groups once more (C++-issued collectives since the last tick)."""
+        self.stop()
+        self.sample_groups(time.time())
+
     def run(self) -> None:
         # Between full ticks, only the default group's sequence counter is read, every
         # ``seq_clock_interval`` (a microsecond): when it advances is when DDP's reducer issued its
         # collectives. Other groups (a job may have hundreds) are read at the full tick.
-        clock = self.rec.config.seq_clock_interval
+        clock = self.seq_clock_interval
         next_tick = 0.0
         while not self._stop_event.is_set():
             try:
@@ -73,22 +106,19 @@ class Sampler(threading.Thread):
                     next_tick = now + self.interval
                     self.tick()
                 elif clock:
-                    self.sample_groups(now, only=self.rec.default_pg)
+                    self.sample_groups(now, only=self.host.default_pg)
             except Exception as exc:  # noqa: BLE001 - never let the thread die silently
-                self.rec.fail("sampling", exc)
+                self.host.fail("sampling", exc)
             self._stop_event.wait(min(clock, self.interval) if clock else self.interval)
 
     def tick(self) -> None:
-        rec, ring = self.rec, self.rec.ring
-        if ring is None:
-            return
+        host, ring = self.host, self.ring
         now = time.time()
         self.ticks += 1
         if self.ticks % GROUP_SCAN_EVERY == 1:
             self.scan_groups()
         self.sample_groups(now)
-        rec.poll_pending()
-        rec.poll_completions(now)
+        host.complete_finished_work(now)
         self.sample_main_thread(now)
         request = ring.dump_request()
         if request != self.dumps_done and (self.dumper is None or not self.dumper.is_alive()):
@@ -96,13 +126,14 @@ class Sampler(threading.Thread):
             # heartbeat goes on and a slow dump never reads as a wedged rank.
             self.dumps_done = request
             rank = dist.get_rank() if dist.is_initialized() else -1
+            run_dir = self.run_dir
 
             def dump(request: int = request) -> None:
                 try:
-                    dump_flight_recorder(rec.run_dir, rank, request)
+                    dump_flight_recorder(run_dir, rank, request)
                     ring.ack_dump(request)
                 except Exception as exc:  # noqa: BLE001 - e.g. the ring closed meanwhile
-                    rec.fail("dumping the Flight Recorder", exc)
+                    host.fail("dumping the Flight Recorder", exc)
 
             self.dumper = threading.Thread(target=dump, name="dtwatch-fr-dump", daemon=True)
             self.dumper.start()
@@ -111,15 +142,13 @@ class Sampler(threading.Thread):
     def sample_groups(self, now: float, only: object = None) -> None:
         """Write each group's C++ sequence number where it changed (also called once at the end);
         ``only``: just that process group."""
-        ring = self.rec.ring
-        if ring is None:
-            return
-        for slot, pg, seqfn in list(self.rec.group_list):
+        ring = self.ring
+        for slot, pg, seqfn in self.host.sampled_groups():
             if seqfn is None or (only is not None and pg is not only):
                 continue
             try:
                 seq = seqfn()
-            except Exception:
+            except Exception:  # noqa: BLE001 - e.g. a group being destroyed: read it next time
                 continue
             if self.last_seq.get(slot) != seq:
                 self.last_seq[slot] = seq
@@ -129,19 +158,14 @@ class Sampler(threading.Thread):
     def scan_groups(self) -> None:
         try:
             pgs = list(dist.distributed_c10d._world.pg_map.keys())
-        except Exception:
+        except Exception:  # noqa: BLE001 - torch's private table moved: groups are still registered on use
             return
-        for pg in pgs:
-            if pg not in self.rec.groups:
-                try:
-                    self.rec.register_group(pg)
-                except Exception:
-                    continue
+        self.host.register_groups(pgs)
 
     def sample_main_thread(self, now: float) -> None:
-        sites = self.rec.sites
+        sites = self.sites
         frame = sys._current_frames().get(self.main_ident)
-        if frame is None or sites is None:
+        if frame is None:
             return
         top = sites.frame_site(frame)
         code = sites.code_frame(frame)
@@ -154,10 +178,10 @@ class Sampler(threading.Thread):
         del frame, code, user_frame
         if (where, top) != self.last_sites:
             self.last_sites = (where, top)
-            self.rec.ring.set_main_site(where, top, now)
+            self.ring.set_main_site(where, top, now)
         if stack != self.last_stack:
             self.last_stack = stack
-            self.rec.ring.set_main_stack(stack)
+            self.ring.set_main_stack(stack)
 
 
 def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
@@ -185,7 +209,7 @@ def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
         merged = dict(merged)
         merged["entries"] = [e for d in dumps for e in (d.get("entries") or [])]
     data = pickle.dumps(merged)
-    path = os.path.join(run_dir, "fr", f"rank-{rank:05d}.{request}.pkl")
+    path = paths.flight_record_file(run_dir, rank, request)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"

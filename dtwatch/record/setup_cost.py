@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from dtwatch.record.fingerprint import dataset_signature, fingerprint
 from dtwatch.record.samplers import describe_loader, training_now
-from dtwatch.ring.setup_facts import FACTS_END, encode_facts, write_facts
+from dtwatch.ring.layout import FACTS_END
+from dtwatch.ring.setup_facts import encode_facts, write_facts
 
 
 def _median_us(fn: Callable[[], Any], repeat: int) -> float:

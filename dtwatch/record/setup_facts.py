@@ -35,19 +35,18 @@ import time
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from dtwatch.config import Config
 from dtwatch.record.callsite import LIBRARY, USER, classify_file, site_file
 from dtwatch.record.fingerprint import BackgroundWorker, dataset_signature, fingerprint
 from dtwatch.record.samplers import describe_loader, training_now
 from dtwatch.ring import EXIT, EXIT_CLEAN, EXIT_RUNNING, OFF_EXIT, RingWriter, ring_filename
-from dtwatch.ring.setup_facts import FACTS_CAPACITY, encode_facts, write_facts
-
-if TYPE_CHECKING:
-    from dtwatch.record.recorder import Recorder
+from dtwatch.ring.layout import FACTS_CAPACITY
+from dtwatch.ring.setup_facts import encode_facts, write_facts
 
 log = logging.getLogger("dtwatch")
 
@@ -58,6 +57,30 @@ LOADERS_KEPT = 16
 DEVICE_EVIDENCE = {"current": 0, "set_device": 1, "wrap": 2}
 # What a loader's facts say apart from its sampler's progress: a change is noted in any epoch.
 _STABLE_FACTS = ("sampler", "dist", "srank", "sreplicas", "shuffle", "drop_last", "dlen", "iterable", "train")
+
+
+class SetupHost(Protocol):
+    """What the setup facts use of the recorder (:class:`dtwatch.record.state.Recorder`), and all they use."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def run_dir(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def mm(self) -> Any:
+        """The ring's mapping; None while there is no ring."""
+
+    @property
+    def default_pg(self) -> Any:
+        """The default process group (None while there is none)."""
+
+    def fail(self, what: str, exc: BaseException | None = None) -> None:
+        """dtwatch's own failure: one warning per process."""
 
 
 def caller_site(frame: FrameType | None) -> dict | None:
@@ -93,7 +116,7 @@ class _Alone:
 class SetupFacts:
     """Owns the facts document of one recorder and writes it into the ring (cold path only)."""
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: SetupHost) -> None:
         self.rec = rec
         self.lock = threading.Lock()
         self.doc: dict[str, Any] = {"v": 1, "torch": torch.__version__, "world": _env_int("WORLD_SIZE"),

@@ -37,7 +37,9 @@ def apply_torch_env(fr_buffer_size: int, fr_dump_prefix: str, environ: dict[str,
     """Set torch's diagnostics variables that are not set yet; returns ``NAME=value (why)`` lines."""
     env = os.environ if environ is None else environ
     new_names = _torch_reads_fr_names()
-    wanted = [(ASYNC_ERROR_HANDLING, "3", "fail fast on a collective error or timeout")]
+    wanted: list[tuple[tuple[str, ...], str, str]] = [  # (spellings, value, why)
+        (ASYNC_ERROR_HANDLING, "3", "fail fast on a collective error or timeout"),
+    ]
     if fr_buffer_size > 0:
         wanted += [
             (FR_BUFFER_SIZE, str(fr_buffer_size), "Flight Recorder on"),

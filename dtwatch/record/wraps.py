@@ -16,15 +16,12 @@ import threading
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dtwatch.record.setup_facts import SetupFacts, _device_fact, caller_site
-
-if TYPE_CHECKING:
-    from dtwatch.record.recorder import Recorder
+from dtwatch.record.setup_facts import SetupFacts, SetupHost, _device_fact, caller_site
 
 FSDP_MODULE = "torch.distributed.fsdp"
 _FULLY_SHARD_HOMES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
@@ -65,14 +62,14 @@ def group_key(pg: Any = None, mesh: Any = None) -> str:
     return "+".join(names)
 
 
-def start_setup_facts(rec: Recorder, patch: Callable[[Any, str, Any], None]) -> SetupFacts:
+def start_setup_facts(rec: SetupHost, patch: Callable[[Any, str, Any], None]) -> SetupFacts:
     """The recorder's setup facts, with their hooks in place (see :func:`install_setup_hooks`)."""
     facts = SetupFacts(rec)
     install_setup_hooks(rec, facts, patch)
     return facts
 
 
-def install_setup_hooks(rec: Recorder, facts: SetupFacts, patch: Callable[[Any, str, Any], None]) -> None:
+def install_setup_hooks(rec: SetupHost, facts: SetupFacts, patch: Callable[[Any, str, Any], None]) -> None:
     """Hook DDP, ``torch.cuda.set_device`` and (now or when imported) FSDP. ``patch(owner, attr, wrapper)``
     registers a replacement with the recorder."""
     depth = _Depth()
@@ -100,7 +97,7 @@ def install_setup_hooks(rec: Recorder, facts: SetupFacts, patch: Callable[[Any, 
         facts.closers.append(finder.remove)
 
 
-def _wrap_init(rec: Recorder, facts: SetupFacts, state: _Depth, kind: str, original: Callable) -> Callable:
+def _wrap_init(rec: SetupHost, facts: SetupFacts, state: _Depth, kind: str, original: Callable) -> Callable:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -125,7 +122,7 @@ def _wrap_init(rec: Recorder, facts: SetupFacts, state: _Depth, kind: str, origi
     return __init__
 
 
-def _fully_shard(rec: Recorder, facts: SetupFacts, state: _Depth, original: Callable) -> Callable:
+def _fully_shard(rec: SetupHost, facts: SetupFacts, state: _Depth, original: Callable) -> Callable:
     @functools.wraps(original)
     def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
         if state.depth == 0:
@@ -146,7 +143,7 @@ def _fully_shard(rec: Recorder, facts: SetupFacts, state: _Depth, original: Call
     return fully_shard
 
 
-def _set_device(rec: Recorder, facts: SetupFacts, original: Callable) -> Callable:
+def _set_device(rec: SetupHost, facts: SetupFacts, original: Callable) -> Callable:
     @functools.wraps(original)
     def set_device(device: Any) -> None:
         original(device)
@@ -166,7 +163,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``callback(module)`` right after module ``name`` is first imported (before the importer
     receives it), then removes itself from ``sys.meta_path``."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], None], rec: Recorder) -> None:
+    def __init__(self, name: str, callback: Callable[[ModuleType], None], rec: SetupHost) -> None:
         self.name, self.callback, self.rec = name, callback, rec
         self.busy = False
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
 from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.ring import RingFormatError, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -65,7 +67,9 @@ def rank_summary(s: RankState, now: float) -> dict:
 
 
 def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
-    bundles, rings, events = [], [], []
+    bundles: list[Path] = []
+    rings: list[Path] = []
+    events: list[Path] = []
     for p in paths:
         root = Path(p)
         if root.is_file() and root.suffix == ".ring":
@@ -73,10 +77,10 @@ def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
             continue
         for dirpath, _dirs, files in os.walk(root):
             d = Path(dirpath)
-            if "index.json" in files and "findings.json" in files:
+            if BUNDLE_INDEX in files and BUNDLE_FINDINGS in files:
                 bundles.append(d)
-            rings.extend(d / f for f in files if f.endswith(".ring"))
-            events.extend(d / f for f in files if f.startswith("events-") and f.endswith(".jsonl"))
+            rings.extend(d / f for f in files if f.endswith(RING_SUFFIX))
+            events.extend(d / f for f in files if is_events_file(f))
     return sorted(set(bundles)), sorted(set(rings)), sorted(set(events))
 
 
@@ -107,11 +111,11 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     verdicts: set[str] = set()
     now = 0.0
     for b in bundle_dirs:
-        index = json.loads((b / "index.json").read_text())
+        index = json.loads((b / BUNDLE_INDEX).read_text())
         now = max(now, float(index.get("detected", 0)))
         if index.get("verdict"):
             verdicts.add(str(index["verdict"]))
-        for f in json.loads((b / "findings.json").read_text()):
+        for f in bundle_findings(b):
             fd = Finding.from_dict(f)
             findings.setdefault(fd.key(), fd)
         for rf in sorted((b / "ranks").glob("rank-*.json")):
@@ -155,5 +159,7 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued
                        and (not f.details.get("check") or f.details["check"] not in checked)]
     verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
-    return Analysis(result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
-                    verdict=verdict, live_warnings=len(live))
+    return Analysis(
+        result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
+        verdict=verdict, live_warnings=len(live),
+    )

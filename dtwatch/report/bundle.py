@@ -3,7 +3,8 @@
 Layout (``<run dir>/incidents/<incident id>/<node>/``)::
 
     index.json            incident id, job, node, window, onset, detection time, findings, files
-    findings.json         the findings (written first, within the stall window + a poll)
+    findings.json         the findings as diagnosed and sent (written first, within the stall window + a poll)
+    evidence.json         what the evidence added: the findings made again with it, the files (written last)
     report.txt            the human report (findings first, then per-rank state, then evidence)
     ranks/rank-00001.json the rank's state (dtwatch.diagnose.state.RankState) at detection
     rings/rank-00001.ring a copy of the rank's ring
@@ -12,7 +13,9 @@ Layout (``<run dir>/incidents/<incident id>/<node>/``)::
     timeline.svg          per-rank sequence progress around the incident
 
 The findings are written before any evidence is collected, so a slow py-spy or a wedged rank never
-delays the diagnosis; evidence files are added after, and ``index.json`` is rewritten at the end.
+delays the diagnosis, and never rewritten: evidence files are added after, then ``evidence.json``, and
+``index.json`` is rewritten at the end, its ``findings`` the final ones (``refined``: the evidence changed
+them). :func:`bundle_findings` reads a bundle's final findings.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dtwatch import paths
 from dtwatch.diagnose import Finding
 from dtwatch.diagnose.flight import summarize_entry
 from dtwatch.diagnose.state import RankState
@@ -46,23 +50,24 @@ def _write_json(path: Path, data: Any) -> None:
 
 class Bundle:
     def __init__(self, run_dir: str, inc_id: str, node: str) -> None:
-        self.path = Path(run_dir) / "incidents" / inc_id / node
+        self.path = Path(paths.bundle_dir(run_dir, inc_id, node))
         self.path.mkdir(parents=True, exist_ok=True)
         self.id = inc_id
         self.node = node
         self.files: dict[str, str] = {}
 
     def write_findings(self, findings: list[Finding], states: list[RankState], meta: dict) -> None:
-        _write_json(self.path / "findings.json", [f.to_dict() for f in findings])
+        """The findings as diagnosed (written once), every rank's state, and the first index."""
+        self.add_json(paths.BUNDLE_FINDINGS, [f.to_dict() for f in findings])
         for s in states:
-            _write_json(self.path / "ranks" / f"rank-{s.rank:05d}.json", s.to_dict())
+            _write_json(self.path / paths.bundle_rank_file("ranks", s.rank, ".json"), s.to_dict())
         self.meta = {"incident_id": self.id, "node": self.node, **meta}
         self.write_index(findings)
 
-    def write_index(self, findings: list[Finding], complete: bool = False) -> None:
-        _write_json(self.path / "index.json", {
+    def write_index(self, findings: list[Finding], complete: bool = False, **extra: Any) -> None:
+        _write_json(self.path / paths.BUNDLE_INDEX, {
             **self.meta, "findings": [f.to_dict() for f in findings], "files": self.files,
-            "evidence_complete": complete, "written": time.time(),
+            "evidence_complete": complete, "written": time.time(), **extra,
         })
 
     def add_text(self, rel: str, text: str) -> None:
@@ -85,12 +90,21 @@ class Bundle:
             pass
 
 
+def bundle_findings(bundle: str | os.PathLike) -> list[dict]:
+    """A bundle's final findings: as the evidence revised them once it is in, else as diagnosed."""
+    b = Path(bundle)
+    try:
+        return list(json.loads((b / paths.BUNDLE_EVIDENCE).read_text())["findings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return list(json.loads((b / paths.BUNDLE_FINDINGS).read_text()))
+
+
 def summarize_flight_record(path: str) -> dict | None:
     """Readable summary of a torch Flight Recorder pickle: per entry the fields that matter."""
     try:
         with open(path, "rb") as f:
             data = pickle.load(f)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a damaged or foreign pickle can raise anything
         return None
     entries = [summarize_entry(e) for e in data.get("entries", [])]
     return {"version": data.get("version"), "pg_config": data.get("pg_config"), "entries": entries}

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from dtwatch.diagnose.state import Call, RankState, from_snapshot
+from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE
+from dtwatch.report.bundle import bundle_findings
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -156,7 +158,7 @@ def _read_json(path: Path) -> Any:
 
 def bundle_dirs(src: Path) -> list[Path]:
     """The node bundles of ``src``: itself, or the node directories of an incident directory."""
-    if (src / "index.json").is_file():
+    if (src / BUNDLE_INDEX).is_file():
         return [src]
     return sorted(p.parent for p in src.glob("*/index.json"))
 
@@ -165,15 +167,15 @@ def read_bundles(dirs: list[Path]) -> Raw:
     states: dict[int, dict] = {}
     raw = Raw("bundle", 0.0, 0.0, None, [])
     for b in dirs:
-        index = _read_json(b / "index.json")
+        index = _read_json(b / BUNDLE_INDEX)
         node = index.get("node", "")
         raw.nodes.append(node)
         raw.now = max(raw.now, float(index.get("detected", 0.0)))
         raw.window = max(raw.window, float(index.get("window", 0.0)))
         if index.get("onset") is not None:
             raw.onset = float(index["onset"]) if raw.onset is None else min(raw.onset, float(index["onset"]))
-        findings_file = b / "findings.json"
-        for f in (_read_json(findings_file) if findings_file.is_file() else index.get("findings", [])):
+        findings_file = b / BUNDLE_FINDINGS
+        for f in (bundle_findings(b) if findings_file.is_file() else index.get("findings", [])):
             if f not in raw.findings:
                 raw.findings.append(f)
         for rf in sorted((b / "ranks").glob("rank-*.json")):
@@ -293,7 +295,8 @@ class Sanitiser:
                 self.hosts[h] = f"node{len(self.hosts)}"
         # A host name is replaced inside free text only when it is long enough not to be an ordinary word.
         words = [h for h in self.hosts if len(h) >= 4]
-        self._host_re = re.compile(r"\b(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")\b") if words else None
+        longest_first = sorted(words, key=len, reverse=True)
+        self._host_re = re.compile(r"\b(" + "|".join(map(re.escape, longest_first)) + r")\b") if words else None
 
     def path(self, path: str) -> str:
         if not path.startswith("/"):
@@ -418,7 +421,9 @@ def capture(src: str | os.PathLike, *, name: str | None = None, relative_to: str
     raw = read_source(src, window=window, now=now)
     states = [trim_state(s, recent) for s in raw.states]
     stacks = {r: trim_stacks(t) for r, t in sorted(raw.stacks.items(), key=lambda kv: int(kv[0]))}
-    frs = {r: trim_flight_record(fr, fr_entries) for r, fr in sorted(raw.flight_records.items(), key=lambda kv: int(kv[0]))}
+    frs = {
+        r: trim_flight_record(fr, fr_entries) for r, fr in sorted(raw.flight_records.items(), key=lambda kv: int(kv[0]))
+    }
     hosts = [s.get("host", "") for s in states] + raw.nodes + [socket.gethostname()]
     san = Sanitiser(relative_to or os.getcwd(), hosts)
     refs = referenced_lines(states, stacks, frs, raw.findings, raw.endings)
@@ -474,8 +479,8 @@ def main_capture(src: str, out: str, *, name: str | None, relative_to: str | Non
                        window=window, truth=truth)
     except (OSError, ValueError) as exc:
         print(f"dtwatch capture: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     size = write_fixture(data, out)
     print(f"dtwatch capture: {out}: {data['source']} '{data['name']}', {len(data['states'])} ranks, "
           f"{len(data['sources'])} source files, {size / 1024:.1f} KiB")
-    return 0
+    return EXIT_OK

@@ -61,7 +61,8 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
             out.append(f"      main thread at {fmt_site(with_source(s.main_site))}")
         for ld in s.loaders:
             if ld.get("site"):
-                out.append(f"      DataLoader at {ld['site']['file']}:{ld['site']['line']}: len {ld['length']}, epoch {ld['epochs']}")
+                where = f"{ld['site']['file']}:{ld['site']['line']}"
+                out.append(f"      DataLoader at {where}: len {ld['length']}, epoch {ld['epochs']}")
     if bundle_dir:
         out.append("")
         out.append("EVIDENCE")

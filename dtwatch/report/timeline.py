@@ -28,7 +28,8 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
             continue
         pts = [(c.t_enter, c.seq) for c in g.recent]
         if group == "0":  # step markers carry the default group's seq: C++-issued (DDP/FSDP) progress
-            pts += [(t, q) for t, q in zip(s.step_times, s.step_seqs) if q]
+            # strict=False: states read back from older bundles may lack step_seqs
+            pts += [(t, q) for t, q in zip(s.step_times, s.step_seqs, strict=False) if q]
         if g.cpp_seq and g.cpp_seq_time:
             pts.append((g.cpp_seq_time, g.cpp_seq))
         pts.sort()
@@ -53,14 +54,17 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
     def y(q: float) -> float:
         return top + plot_h - (q - s0) / max(s1 - s0, 1) * plot_h
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           'font-family="sans-serif" font-size="12">',
            '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{left}" y="22" font-size="15" font-weight="bold">Sequence progress, group {escape(group)}'
            f'{" — " + escape(stall.kind) if stall else ""}</text>',
            f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>',
            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
-           f'<text x="{left + plot_w / 2}" y="{height - 15}" text-anchor="middle">seconds (0 = first call shown)</text>',
-           f'<text x="15" y="{top + plot_h / 2}" transform="rotate(-90 15 {top + plot_h / 2})" text-anchor="middle">seq</text>']
+           f'<text x="{left + plot_w / 2}" y="{height - 15}" text-anchor="middle">'
+           'seconds (0 = first call shown)</text>',
+           f'<text x="15" y="{top + plot_h / 2}" transform="rotate(-90 15 {top + plot_h / 2})" '
+           'text-anchor="middle">seq</text>']
     for line_no, text in enumerate(caption):
         out.append(f'<text x="{left}" y="{40 + 15 * line_no}" font-size="11">{escape(text)}</text>')
     for i in range(6):
@@ -71,7 +75,8 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
         out.append(f'<text x="{left - 8}" y="{y(qv) + 4:.1f}" text-anchor="end">{qv}</text>')
     if stall and stall.onset:
         ox = x(stall.onset)
-        out.append(f'<line x1="{ox:.1f}" y1="{top}" x2="{ox:.1f}" y2="{top + plot_h}" stroke="{CULPRIT}" stroke-dasharray="4 3"/>')
+        out.append(f'<line x1="{ox:.1f}" y1="{top}" x2="{ox:.1f}" y2="{top + plot_h}" stroke="{CULPRIT}" '
+                   'stroke-dasharray="4 3"/>')
         out.append(f'<text x="{ox + 4:.1f}" y="{top + 12}" fill="{CULPRIT}">last progress</text>')
     by_rank = {st.rank: st for st in states}
     legend = sorted(series)
@@ -82,16 +87,18 @@ def render_svg(states: list[RankState], findings: list[Finding], *, now: float, 
         if not pts:
             continue
         path = [f"M{x(pts[0][0]):.1f},{y(pts[0][1]):.1f}"]
-        for (_ta, qa), (tb, qb) in zip(pts, pts[1:]):
+        for tb, qb in pts[1:]:  # a step line: flat until the next call, then up to its seq
             path.append(f"H{x(tb):.1f}V{y(qb):.1f}")
         path.append(f"H{x(now):.1f}")
-        out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{color}" stroke-width="{3 if rank in culprits else 1.5}"/>')
+        stroke_width = 3 if rank in culprits else 1.5
+        out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{color}" stroke-width="{stroke_width}"/>')
         last_t, last_q = pts[-1]
         out.append(f'<circle cx="{x(now):.1f}" cy="{y(last_q):.1f}" r="3" fill="{color}"/>')
         role = " culprit" if rank in culprits else " waiting" if rank in waiting else ""
         call = by_rank[rank].blocking_call() if rank in by_rank else None
         op = f"{call.op} " if call is not None else ""
-        out.append(f'<text x="{left + plot_w + 10}" y="{top + 14 + 18 * i}" fill="{color}">rank {rank}: {escape(op)}seq {last_q}{role}</text>')
+        label = f"rank {rank}: {escape(op)}seq {last_q}{role}"
+        out.append(f'<text x="{left + plot_w + 10}" y="{top + 14 + 18 * i}" fill="{color}">{label}</text>')
     out.append("</svg>")
     return "\n".join(out)
 

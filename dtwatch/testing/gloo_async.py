@@ -33,11 +33,17 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ProcessGroup, c10d_logger
+from torch import Tensor
+from torch.distributed import ProcessGroup, Work, c10d_logger
+from torch.distributed.distributed_c10d import AllgatherOptions
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName  # a NewType of str, in newer torch only
 
 from dtwatch.record.callsite import is_user_file
 
@@ -50,10 +56,10 @@ _OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_l
 _local = threading.local()
 
 _pending_lock = threading.Lock()
-_pending: list[Any] = []  # gloo works issued by this process and not yet seen completed
+_pending: list[EnqueuedWork] = []  # gloo works issued by this process and not yet seen completed
 
 
-def _remember(work: Any) -> None:
+def _remember(work: EnqueuedWork) -> None:
     with _pending_lock:
         # Drop what completed meanwhile, so a long job's list stays short.
         if len(_pending) > 64:
@@ -80,7 +86,7 @@ _API_FILES = {os.path.normcase(os.path.abspath(f)) for f in (dist.distributed_c1
 _DTWATCH_DIR = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
-def _caller_reads_results(frame: Any) -> bool:
+def _caller_reads_results(frame: FrameType | None) -> bool:
     """Whether the code that waits (directly with ``work.wait()``, or through a synchronous collective
     such as ``dist.all_reduce(t)``) is a library that reads the results on the CPU right after.
 
@@ -92,7 +98,8 @@ def _caller_reads_results(frame: Any) -> bool:
     """
     while frame is not None:
         name = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
-        if not (name in _API_FILES or name.startswith(_DTWATCH_DIR) or os.path.basename(name) == "typing_extensions.py"):
+        if not (name in _API_FILES or name.startswith(_DTWATCH_DIR)
+                or os.path.basename(name) == "typing_extensions.py"):
             break
         frame = frame.f_back
     return frame is None or not is_user_file(frame.f_code.co_filename)
@@ -101,7 +108,7 @@ def _caller_reads_results(frame: Any) -> bool:
 class _AllOf:
     """Several gloo works issued as one op (the coalesced variants gloo lacks), seen as one work."""
 
-    def __init__(self, works: list[Any]) -> None:
+    def __init__(self, works: list[Work]) -> None:
         self.works = works
 
     def is_completed(self) -> bool:
@@ -110,7 +117,7 @@ class _AllOf:
     def is_success(self) -> bool:
         return all(w.is_success() for w in self.works)
 
-    def exception(self) -> Any:
+    def exception(self) -> BaseException | None:
         return next((w.exception() for w in self.works if not w.is_success()), None)
 
     def wait(self) -> bool:
@@ -118,10 +125,10 @@ class _AllOf:
             w.wait()
         return True
 
-    def result(self) -> list[Any]:
+    def result(self) -> list[Tensor]:
         return [t for w in self.works for t in w.result()]
 
-    def get_future(self) -> Any:
+    def get_future(self) -> torch.futures.Future[list[Tensor]]:
         return torch.futures.collect_all([w.get_future() for w in self.works]).then(
             lambda fut: [t for f in fut.value() for t in f.value()])
 
@@ -129,7 +136,7 @@ class _AllOf:
 class EnqueuedWork(dist.distributed_c10d.Work):
     """A handle on work already handed to gloo. Whether ``wait()`` blocks: see the module doc."""
 
-    def __init__(self, inner: Any, blocking: bool) -> None:
+    def __init__(self, inner: Work | _AllOf, blocking: bool) -> None:
         super().__init__()
         self._inner = inner
         self._blocking = blocking
@@ -158,13 +165,13 @@ class EnqueuedWork(dist.distributed_c10d.Work):
     def is_success(self) -> bool:
         return self._inner.is_success()
 
-    def exception(self) -> Any:
+    def exception(self) -> BaseException | None:
         return self._inner.exception()
 
-    def result(self) -> Any:
+    def result(self) -> list[Tensor]:
         return self._inner.result()
 
-    def get_future(self) -> Any:
+    def get_future(self) -> torch.futures.Future[list[Tensor]]:
         return self._inner.get_future()
 
     def synchronize(self) -> None:
@@ -180,7 +187,7 @@ class _Completions(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(name="gloo-async-completions", daemon=True)
-        self.queue: queue.SimpleQueue[tuple[Any, Callable[[BaseException | None], None]] | None] = \
+        self.queue: queue.SimpleQueue[tuple[Work | _AllOf, Callable[[BaseException | None], None]] | None] = \
             queue.SimpleQueue()
 
     def run(self) -> None:
@@ -196,22 +203,61 @@ class _Completions(threading.Thread):
                 on_done(exc)
 
 
-class GlooAsyncGroup(ProcessGroup):
-    """A process group whose ops run on gloo and return before they complete (see the module doc)."""
+_Opts = TypeVar("_Opts", AllgatherOptions, dist.ReduceScatterOptions)
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+class _GlooOps(Protocol):
+    """The ops of ``ProcessGroupGloo`` this group hands its work to. torch's stubs declare none of them on
+    ``Backend`` subclasses, although gloo's bindings have them all; hence the ``cast`` where it is made."""
+
+    def allreduce(self, tensors: list[Tensor], opts: dist.AllreduceOptions, /) -> Work: ...
+    def allreduce_coalesced(self, tensors: list[Tensor], opts: dist.AllreduceCoalescedOptions, /) -> Work: ...
+    def broadcast(self, tensors: list[Tensor], opts: dist.BroadcastOptions, /) -> Work: ...
+    def reduce(self, tensors: list[Tensor], opts: dist.ReduceOptions, /) -> Work: ...
+    def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: AllgatherOptions, /) -> Work: ...
+    def _allgather_base(self, output: Tensor, input_tensor: Tensor, opts: AllgatherOptions, /) -> Work: ...
+    def allgather_coalesced(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: AllgatherOptions,
+                            /) -> Work: ...
+    def gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: dist.GatherOptions, /) -> Work: ...
+    def scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: dist.ScatterOptions, /) -> Work: ...
+    def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: dist.ReduceScatterOptions,
+                       /) -> Work: ...
+    def _reduce_scatter_base(self, output: Tensor, input_tensor: Tensor, opts: dist.ReduceScatterOptions,
+                             /) -> Work: ...
+    def alltoall_base(self, output: Tensor, input_tensor: Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: dist.AllToAllOptions, /) -> Work: ...
+    def alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: dist.AllToAllOptions, /) -> Work: ...
+    def barrier(self, opts: dist.BarrierOptions, /) -> Work: ...
+    def send(self, tensors: list[Tensor], dst: int, tag: int, /) -> Work: ...
+    def recv(self, tensors: list[Tensor], src: int, tag: int, /) -> Work: ...
+    def recv_anysource(self, tensors: list[Tensor], tag: int, /) -> Work: ...
+
+
+class GlooAsyncGroup(ProcessGroup):
+    """A process group whose ops run on gloo and return before they complete (see the module doc).
+
+    c10d calls its ops in their ``(tensors, opts)`` form (``group.allreduce([t], opts)``), the form a
+    backend implements; torch's stubs describe ``ProcessGroup``'s convenience overloads as well
+    (``allreduce(tensor, op)``), which this group does not offer. mypy reports those as incompatible
+    overrides: hence the ``ignore[override]`` on those it lists.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the binding has (rank, size); the stub lacks it
+        gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._gloo = cast(_GlooOps, gloo)
         self._holder = ProcessGroup(store, rank, size)
-        self._holder._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
+        self._holder._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
         self._lock = threading.Lock()
         self._seq = 0  # collectives issued (NCCL's collective counter: p2p ops do not advance it)
         self._active: dict[int, str] = {}  # seq -> op of collectives not completed, NCCL Flight Recorder style
         self._completions: _Completions | None = None
-        self._group_name = self._group_desc = ""
+        self._group_name = cast("GroupName", "")
+        self._group_desc = ""
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def _issue(self, op: str, run: Callable[[], Any], *, collective: bool = True, blocking: bool = False) -> Any:
+    def _issue(self, op: str, run: Callable[[], Work | _AllOf], *, collective: bool = True,
+               blocking: bool = False) -> EnqueuedWork:
         with self._lock:  # one issuing order per group, as on a CUDA stream
             inner = run()
             blocking = blocking or getattr(_local, "in_object_collective", False)
@@ -259,7 +305,7 @@ class GlooAsyncGroup(ProcessGroup):
         self.shutdown()
 
     # torch reads a group's name and description from its backend; this group is its own backend.
-    def _set_group_name(self, name: str) -> None:
+    def _set_group_name(self, name: GroupName) -> None:
         self._group_name = name
         # gloo's Flight Recorder entries carry the name of the group that holds it: a plain holder group,
         # so that they name this group, as NCCL's do.
@@ -269,7 +315,7 @@ class GlooAsyncGroup(ProcessGroup):
             pass
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> GroupName:
         return self._group_name
 
     def _set_group_desc(self, desc: str) -> None:
@@ -293,99 +339,127 @@ class GlooAsyncGroup(ProcessGroup):
         return BACKEND_NAME
 
     # -- collectives ----------------------------------------------------------------------------
-    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+    def allreduce(  # type: ignore[override]  # the (tensors, opts) form only: see the class doc
+            self, tensors: list[Tensor], opts: dist.AllreduceOptions | None = None) -> EnqueuedWork:
         return self._issue("allreduce", lambda: self._gloo.allreduce(tensors, opts or dist.AllreduceOptions()))
 
-    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
+    def allreduce_coalesced(self, tensors: list[Tensor],
+                            opts: dist.AllreduceCoalescedOptions | None = None) -> EnqueuedWork:
         return self._issue("allreduce_coalesced", lambda: self._gloo.allreduce_coalesced(
             tensors, opts or dist.AllreduceCoalescedOptions()))
 
-    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+    def broadcast(  # type: ignore[override]  # as allreduce
+            self, tensors: list[Tensor], opts: dist.BroadcastOptions | None = None) -> EnqueuedWork:
         return self._issue("broadcast", lambda: self._gloo.broadcast(tensors, opts or dist.BroadcastOptions()))
 
-    def reduce(self, tensors: Any, opts: Any = None) -> Any:
+    def reduce(  # type: ignore[override]  # as allreduce
+            self, tensors: list[Tensor], opts: dist.ReduceOptions | None = None) -> EnqueuedWork:
         return self._issue("reduce", lambda: self._gloo.reduce(tensors, opts or dist.ReduceOptions()))
 
-    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+    def allgather(  # type: ignore[override]  # as allreduce
+            self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+            opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("allgather", lambda: self._gloo.allgather(
-            output_tensors, input_tensors, opts or dist.AllgatherOptions()))
+            output_tensors, input_tensors, opts or AllgatherOptions()))
 
-    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+    def _allgather_base(self, output: Tensor, input_tensor: Tensor,
+                        opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("_allgather_base", lambda: self._gloo._allgather_base(
-            output, input, opts or dist.AllgatherOptions()))
+            output, input_tensor, opts or AllgatherOptions()))
 
-    def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> Any:
+    def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
+                            opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("allgather_coalesced", lambda: self._gloo.allgather_coalesced(
-            output_lists, input_list, opts or dist.AllgatherOptions()))
+            output_lists, input_list, opts or AllgatherOptions()))
 
-    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+    def allgather_into_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                        opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
-        return self._issue("gather", lambda: self._gloo.gather(output_tensors, input_tensors, opts or dist.GatherOptions()))
+    def gather(  # type: ignore[override]  # as allreduce
+            self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+            opts: dist.GatherOptions | None = None) -> EnqueuedWork:
+        return self._issue("gather", lambda: self._gloo.gather(
+            output_tensors, input_tensors, opts or dist.GatherOptions()))
 
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+    def scatter(  # type: ignore[override]  # as allreduce
+            self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
+            opts: dist.ScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("scatter", lambda: self._gloo.scatter(
             output_tensors, input_tensors, opts or dist.ScatterOptions()))
 
-    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+    def reduce_scatter(  # type: ignore[override]  # as allreduce
+            self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
+            opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("reduce_scatter", lambda: self._gloo.reduce_scatter(
             output_tensors, input_tensors, opts or dist.ReduceScatterOptions()))
 
-    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+    def _reduce_scatter_base(self, output: Tensor, input_tensor: Tensor,
+                             opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("_reduce_scatter_base", lambda: self._gloo._reduce_scatter_base(
-            output, input, opts or dist.ReduceScatterOptions()))
+            output, input_tensor, opts or dist.ReduceScatterOptions()))
 
-    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+    def reduce_scatter_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     # torch >= 2.12 names (ProcessGroup level) of the single-tensor ops; gloo knows them by the older ones
-    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
-        return self._allgather_base(output, input, opts)
+    def all_gather_single(self, output: Tensor, input_tensor: Tensor,
+                          opts: AllgatherOptions | None = None) -> EnqueuedWork:
+        return self._allgather_base(output, input_tensor, opts)
 
-    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
-        return self._reduce_scatter_base(output, input, opts)
+    def reduce_scatter_single(self, output: Tensor, input_tensor: Tensor,
+                              opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
+        return self._reduce_scatter_base(output, input_tensor, opts)
 
-    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
-                          opts: Any = None) -> Any:
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+    def all_to_all_single(  # type: ignore[override]  # as allreduce
+            self, output: Tensor, input_tensor: Tensor, output_split_sizes: list[int],
+            input_split_sizes: list[int], opts: dist.AllToAllOptions | None = None) -> EnqueuedWork:
+        return self.alltoall_base(output, input_tensor, output_split_sizes, input_split_sizes, opts)
 
-    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+    def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                    opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._coalesced("allgather_into_tensor_coalesced", self._gloo._allgather_base, outputs, inputs,
-                               opts or dist.AllgatherOptions())
+                               opts or AllgatherOptions())
 
-    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+    def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._coalesced("reduce_scatter_tensor_coalesced", self._gloo._reduce_scatter_base, outputs, inputs,
                                opts or dist.ReduceScatterOptions())
 
-    def _coalesced(self, op: str, one: Callable, outputs: Any, inputs: Any, opts: Any) -> Any:
+    def _coalesced(self, op: str, one: Callable[[Tensor, Tensor, _Opts], Work], outputs: list[Tensor],
+                   inputs: list[Tensor], opts: _Opts) -> EnqueuedWork:
         """The coalesced variants gloo lacks: one gloo op per pair, seen as one work."""
-        return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs)]))
+        return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs, strict=False)]))
 
-    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
-                      opts: Any = None) -> Any:
+    def alltoall_base(  # type: ignore[override]  # as allreduce
+            self, output: Tensor, input_tensor: Tensor, output_split_sizes: list[int],
+            input_split_sizes: list[int], opts: dist.AllToAllOptions | None = None) -> EnqueuedWork:
         return self._issue("alltoall_base", lambda: self._gloo.alltoall_base(
-            output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()))
+            output, input_tensor, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()))
 
-    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+    def alltoall(  # type: ignore[override]  # as allreduce
+            self, output_tensors: list[Tensor], input_tensors: list[Tensor],
+            opts: dist.AllToAllOptions | None = None) -> EnqueuedWork:
         return self._issue("alltoall", lambda: self._gloo.alltoall(
             output_tensors, input_tensors, opts or dist.AllToAllOptions()))
 
-    def barrier(self, opts: Any = None) -> Any:
+    def barrier(  # type: ignore[override]  # as allreduce
+            self, opts: dist.BarrierOptions | None = None) -> EnqueuedWork:
         return self._issue("barrier", lambda: self._gloo.barrier(opts or dist.BarrierOptions()), blocking=True)
 
     # -- point-to-point (NCCL numbers these apart from collectives) -------------------------------
-    def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+    def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> EnqueuedWork:
         return self._issue("send", lambda: self._gloo.send(tensors, dst, tag), collective=False)
 
-    def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+    def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> EnqueuedWork:
         return self._issue("recv", lambda: self._gloo.recv(tensors, src, tag), collective=False)
 
-    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+    def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> EnqueuedWork:
         return self._issue("recv_anysource", lambda: self._gloo.recv_anysource(tensors, tag), collective=False)
 
 
-def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> GlooAsyncGroup:
+def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> GlooAsyncGroup:
     return GlooAsyncGroup(store, rank, size, timeout)
 
 

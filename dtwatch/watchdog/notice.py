@@ -49,6 +49,10 @@ def _site(site: dict | None) -> str:
     return f"{text} `{src}`" if src else text
 
 
+def _file_line(site: dict) -> tuple:
+    return site.get("file"), site.get("line")
+
+
 def _where(op: str | None, group: str | None, seq: int | None, site: dict | None, lead: str = "in",
            root: bool = False) -> str:
     """``in OP (group, seq) at LINE``; for a culprit (``root``) the line is the finding's root-cause line,
@@ -73,7 +77,7 @@ def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_di
         lead = "last seen in" if f.kind == "rank_exited" else "in"  # it ended: not inside that call any more
         first = head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead, root=True)}"
         branch = (f.details or {}).get("conditional_line")
-        if isinstance(branch, dict) and (branch.get("file"), branch.get("line")) != ((f.site or {}).get("file"), (f.site or {}).get("line")):
+        if isinstance(branch, dict) and _file_line(branch) != _file_line(f.site or {}):
             first += f", under the rank test at {_site(branch)}"
         lines = [first]
         if f.waiting_ranks:

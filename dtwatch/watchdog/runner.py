@@ -21,36 +21,43 @@ import time
 import uuid
 from pathlib import Path
 
+from dtwatch import paths
+from dtwatch.config import ENV_BOOTSTRAP, OPTIONS, environment_value
 from dtwatch.diagnose import Finding
+from dtwatch.paths import EXIT_FAILED_FAST, EXIT_USAGE
 from dtwatch.watchdog.notice import render_notice
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "record" / "bootstrap")
-EXIT_STALL = 3  # the job was ended by dtwatch --fail-fast after a diagnosed stall
 
 
-def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], ready_timeout: float = 30.0) -> int:
+def _env_name(option: str) -> str:
+    return str(OPTIONS[option].env)
+
+
+def run(command: list[str], *, root: str, job_id: str, watch_args: list[str], ready_timeout: float = 30.0) -> int:
+    """Run ``command`` under dtwatch with run directories under ``root``; returns the exit status."""
     job_id = job_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    run_dir = os.path.join(dir, job_id)
+    run_dir = paths.run_dir(root, job_id)
     os.makedirs(run_dir, exist_ok=True)
+    # A sidecar (Kubernetes) already runs the node's watchdog: DTWATCH_WATCHDOG=off means "not ours to start".
+    own_watchdog = environment_value(OPTIONS, "watchdog", "auto") != "off"
     env = dict(os.environ)
-    env.update({"DTWATCH_DIR": dir, "DTWATCH_JOB_ID": job_id, "DTWATCH_WATCHDOG": "off", "DTWATCH_BOOTSTRAP": "1"})
+    env.update({_env_name("dir"): root, _env_name("job_id"): job_id, _env_name("watchdog"): "off", ENV_BOOTSTRAP: "1"})
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
 
-    # A sidecar (Kubernetes) already runs the node's watchdog: DTWATCH_WATCHDOG=off means "not ours to start".
-    own_watchdog = os.environ.get("DTWATCH_WATCHDOG", "auto").strip().lower() != "off"
     node = os.uname().nodename
-    ready_file = os.path.join(run_dir, f"watchdog-{node}.json")
+    ready_file = paths.watchdog_ready_file(run_dir, node)
     try:
         os.unlink(ready_file)
     except FileNotFoundError:
         pass
-    watch_env = {k: v for k, v in env.items() if k not in ("DTWATCH_BOOTSTRAP",)}
+    watch_env = {k: v for k, v in env.items() if k != ENV_BOOTSTRAP}
     watch_env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
-    log_file = os.path.join(run_dir, f"watchdog-{node}.log")
+    log_file = paths.watchdog_log_file(run_dir, node)
     # Its own session: a Ctrl-C meant for the job does not cut the diagnosis short. Its stdin is the
     # lifeline (see the module docstring); its stderr is this terminal, for the diagnosis.
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "dtwatch", "watch", "--dir", dir, "--job-id", job_id, "--node", node,
+        [sys.executable, "-m", "dtwatch", "watch", "--dir", root, "--job-id", job_id, "--node", node,
          "--exit-with-launcher", "--log-file", log_file, *watch_args],
         env=watch_env, start_new_session=True, stdin=subprocess.PIPE,
     ) if own_watchdog else None
@@ -58,9 +65,10 @@ def run(command: list[str], *, dir: str, job_id: str, watch_args: list[str], rea
     while watchdog is not None and not os.path.exists(ready_file):
         if watchdog.poll() is not None:
             print(f"dtwatch: the watchdog exited (code {watchdog.returncode}) before it was ready", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         if time.monotonic() > deadline:
-            print(f"dtwatch: the watchdog was not ready within {ready_timeout:.0f}s; running without it", file=sys.stderr)
+            print(f"dtwatch: the watchdog was not ready within {ready_timeout:.0f}s; running without it",
+                  file=sys.stderr)
             break
         time.sleep(0.05)
     print(f"dtwatch: job {job_id}: run directory {run_dir}"
@@ -99,21 +107,21 @@ def _conclude(run_dir: str, node: str, command: list[str], code: int, wcode: int
     name = os.path.basename(command[0]) if command else "the command"
     last = incidents[-1] if incidents else None
     where = f"; bundle {last.get('bundle')} (dtwatch analyze {run_dir})" if last else ""
-    if wcode == EXIT_STALL:
-        print(f"dtwatch: the job hung and --fail-fast ended it: exit status {EXIT_STALL} ({name} exited with {code}){where}",
-              file=sys.stderr)
-        return EXIT_STALL
+    if wcode == EXIT_FAILED_FAST:
+        print(f"dtwatch: the job hung and --fail-fast ended it: exit status {EXIT_FAILED_FAST} "
+              f"({name} exited with {code}){where}", file=sys.stderr)
+        return EXIT_FAILED_FAST
     if last is not None:
-        print(f"dtwatch: {str(last.get('verdict', 'stall')).upper()} diagnosed; {name} exited with status {code}{where}",
-              file=sys.stderr)
+        kind = str(last.get("verdict", "stall")).upper()
+        print(f"dtwatch: {kind} diagnosed; {name} exited with status {code}{where}", file=sys.stderr)
     return code
 
 
 def _incidents(run_dir: str, node: str) -> list[dict]:
     """The incidents this node's watchdog opened, from its events file."""
-    out = []
+    out: list[dict] = []
     try:
-        lines = Path(run_dir, f"events-{node}.jsonl").read_text().splitlines()
+        lines = Path(paths.events_file(run_dir, node)).read_text().splitlines()
     except OSError:
         return out
     for line in lines:
@@ -129,8 +137,9 @@ def _incidents(run_dir: str, node: str) -> list[dict]:
 def _finish_watchdog(watchdog: subprocess.Popen) -> int:
     """Tell the watchdog the command ended; give it time to finish an incident's evidence."""
     try:
-        watchdog.stdin.close()
-    except (OSError, AttributeError):
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()
+    except OSError:
         pass
     try:
         return watchdog.wait(timeout=30)

@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from dtwatch.paths import ending_files
+
 PTRACE_ADVICE = (
     "py-spy could not read the process (ptrace refused). Run the watchdog as the training user or give it "
     "CAP_SYS_PTRACE; in Kubernetes set `shareProcessNamespace: true` on the pod and add the SYS_PTRACE "
@@ -83,7 +85,8 @@ def pyspy_dump(rank: int, pid: int, timeout: float = 10.0) -> StackDump:
                 threads = json.loads(proc.stdout)
             except json.JSONDecodeError:
                 threads = None
-            return StackDump(rank, pid, method, True, text=_render(threads) if threads else proc.stdout, threads=threads)
+            text = _render(threads) if threads else proc.stdout
+            return StackDump(rank, pid, method, True, text=text, threads=threads)
         last_error = (proc.stderr or proc.stdout).strip()[-2000:]
     advice = PTRACE_ADVICE if any(w in last_error.lower() for w in ("permission", "not permitted", "ptrace")) else ""
     return StackDump(rank, pid, "py-spy", False, error=last_error, advice=advice)
@@ -130,7 +133,8 @@ def faulthandler_dump(rank: int, pid: int, sig: int, stack_file: str, wait: floa
             f.seek(start)
             text = f.read().decode("utf-8", "replace")
     if not text:
-        return StackDump(rank, pid, "faulthandler", False, error="no faulthandler output (process stopped or wedged before Python)")
+        return StackDump(rank, pid, "faulthandler", False,
+                         error="no faulthandler output (process stopped or wedged before Python)")
     return StackDump(rank, pid, "faulthandler", True, text=text)
 
 
@@ -146,12 +150,6 @@ _FATAL_TEXT = {
     "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
     "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
 }
-
-
-def ending_files(run_dir: str, rank: int) -> tuple[str, str]:
-    """Where a rank's faulthandler writes on a fatal signal, and on SIGTERM (see the recorder)."""
-    base = os.path.join(run_dir, "stacks", f"rank-{rank:05d}")
-    return base + ".fatal.txt", base + ".term.txt"
 
 
 def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
@@ -193,7 +191,8 @@ def main_thread_frames_of(text: str) -> list[dict]:
             continue
         m = _FH_FRAME.match(line)
         if m and blocks:
-            blocks[-1][1].append({"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")})
+            frame = {"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")}
+            blocks[-1][1].append(frame)
     main = next((fr for _, fr in blocks if fr and fr[-1]["function"] == "<module>"), None)
     if main is None:
         main = next((fr for head, fr in blocks if head.startswith(("Current thread", "Stack"))), [])

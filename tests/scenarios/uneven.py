@@ -36,7 +36,7 @@ def plain(rank: int) -> None:
 def ddp(rank: int, post_loop: bool) -> None:
     model, opt = ddp_model()
     size = 48 if rank != 1 else 24  # site:ddp_size
-    loader = DataLoader(TensorDataset(torch.randn(size, 8) + rank), batch_size=8)  # site:ddp_loader
+    loader = DataLoader(TensorDataset(torch.randn(size, 8)), batch_size=8)  # site:ddp_loader
     for (x,) in loader:  # site:ddp_loop
         loss = model(x).pow(2).mean()
         opt.zero_grad()

@@ -9,6 +9,7 @@ job synchronises (``loss.item()``, ``torch.cuda.synchronize()``); on gloo it doe
 Before the hang it writes ``<DTWATCH_DIR>/<job>/onset-rank<R>.txt`` with the time it starts hanging.
 Lines that tests assert on carry a ``# site:<name>`` marker.
 """
+import datetime
 import os
 import signal
 import subprocess
@@ -113,8 +114,22 @@ def load_batch(step: int, rank: int):
     return torch.randn(8, 16)
 
 
+def init_process_group() -> None:
+    if SCENARIO != "crash_once":
+        dist.init_process_group(BACKEND)
+        return
+    # torchrun --max-restarts keeps its store across attempts, and the restarted ranks' gloo set-up can
+    # read the previous attempt's keys (a dead rank's address) and retry connecting to it for minutes
+    # (plain torch 2.13, no dtwatch involved). Each attempt gets keys of its own, as restartable jobs do.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(BACKEND, store=dist.PrefixStore(f"attempt-{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
 def main() -> None:
-    dist.init_process_group(BACKEND)
+    init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.ones(4)
 
@@ -204,7 +219,7 @@ def main() -> None:
     elif SCENARIO == "healthy_quiet":
         # Eval/checkpoint on every rank with no collectives for longer than the stall window.
         model, opt = model_and_opt()
-        for epoch in range(2):
+        for _epoch in range(2):
             for _ in range(5):
                 train_step(model, opt, torch.randn(8, 16))
             time.sleep(float(os.environ.get("QUIET_SECONDS", "6")))  # site:quiet_gap
@@ -320,7 +335,7 @@ def main() -> None:
             time.sleep(0.05)
 
     elif SCENARIO == "straggler":
-        for step in range(60):
+        for _step in range(60):
             if rank == world - 1:
                 time.sleep(0.12)  # site:slow_rank
             dist.all_reduce(t)

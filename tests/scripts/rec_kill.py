@@ -17,12 +17,12 @@ import torch.distributed as dist
 import dtwatch.auto  # noqa: F401  (first: installs before init_process_group)
 
 
-class Stopped(RuntimeError):
+class StoppedError(RuntimeError):
     pass
 
 
 def on_sigterm(signum, frame):
-    raise Stopped("rank 2 stopped by the launcher's SIGTERM")
+    raise StoppedError("rank 2 stopped by the launcher's SIGTERM")
 
 
 def main() -> None:
