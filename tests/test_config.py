@@ -48,6 +48,7 @@ def assert_not_installed():
         ({"stack_signal": "SIGNOPE"}, "stack_signal", "a signal name such as SIGUSR2, or 'off'"),
         ({"job_id": "a/b"}, "job_id", "1-128 characters from A-Z a-z 0-9 . _ -"),
         ({"torch_env": "yes"}, "torch_env", "1/0, true/false"),
+        ({"batch_fingerprint": 1}, "batch_fingerprint", "1/0, true/false"),
         ({"dir": ""}, "dir", "a directory path"),
     ],
 )
@@ -83,6 +84,7 @@ def test_unknown_option_raises_config_error(dtwatch_env):
         ("DTWATCH_SAMPLE_INTERVAL", "nan", "sample_interval", "seconds from 0.01 to 10"),
         ("DTWATCH_WATCHDOG", "sometimes", "watchdog", "'auto' or 'off'"),
         ("DTWATCH_TORCH_ENV", "maybe", "torch_env", "1/0, true/false"),
+        ("DTWATCH_BATCH_FINGERPRINT", "sometimes", "batch_fingerprint", "1/0, true/false"),
         ("DTWATCH_STACK_SIGNAL", "SIGNOPE", "stack_signal", "a signal name such as SIGUSR2, or 'off'"),
         ("DTWATCH_JOB_ID", "bad/id", "job_id", "1-128 characters from A-Z a-z 0-9 . _ -"),
     ],
@@ -125,7 +127,8 @@ def test_environment_values_are_parsed(dtwatch_env):
         "DTWATCH_RING_RECORDS": "1024", "DTWATCH_WATCHDOG": "OFF", "DTWATCH_TORCH_ENV": "no",
         "DTWATCH_STACK_SIGNAL": "usr1", "DTWATCH_SAMPLE_INTERVAL": "0.25",
     })
-    assert (config.ring_records, config.watchdog, config.torch_env, config.sample_interval) == (1024, "off", False, 0.25)
+    got = (config.ring_records, config.watchdog, config.torch_env, config.sample_interval)
+    assert got == (1024, "off", False, 0.25)
     assert config.stack_signal == int(signal.SIGUSR1)
 
 
