@@ -34,6 +34,7 @@ from dtwatch.record.setup_facts import EPOCHS_KEPT, FINGERPRINTS_KEPT, SetupFact
 from dtwatch.report.capture import load_fixture
 from dtwatch.ring.layout import FACTS_CAPACITY, FACTS_END, FACTS_HEAD, FACTS_OFFSET
 from dtwatch.ring.setup_facts import encode_facts, read_facts, write_facts
+from dtwatch.watchdog.summary import decode_states, encode_states
 from tests.harness import REPO, SCRIPTS, site_line
 
 FIXTURES = Path(__file__).parent / "fixtures" / "setup"
@@ -69,6 +70,19 @@ def test_each_recorded_mistake_gives_its_one_warning_with_ranks_and_line(name):
     assert f.kind == kind and f.severity == "warning" and f.ranks == ranks and f.site is not None
     assert f.site["file"].endswith(WORKER_FILE) and f.site["line"] == site_line(marker, WORKER)
     assert f.site["source"]  # the line's text, shown with the warning
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_rank_on_another_node_carries_its_facts_through_the_exchange(name):
+    """Rank 1 as another node's watchdog sees it (the exchange's compact state): the same warning, word
+    for word, so a mistake whose ranks are on different nodes is still named."""
+    states, now = recorded(name)
+    remote = decode_states(encode_states("node-b", [states[1]], now)).states[0]
+    assert remote.setup == states[1].setup
+    local_only = setup_warnings([states[0], RankState.from_dict({**states[1].to_dict(), "setup": {}})], now)
+    crossed = setup_warnings([states[0], remote], now)
+    assert [f.to_dict() for f in crossed] == [f.to_dict() for f in setup_warnings(states, now)]
+    assert [f.to_dict() for f in crossed] != [f.to_dict() for f in local_only]  # the facts decided it
 
 
 def test_the_recorded_healthy_job_gives_no_warning():
