@@ -1,4 +1,4 @@
-"""The ``dtwatch`` command: run, watch, analyze, lint.
+"""The ``dtwatch`` command: run, watch, analyze, capture, checks, lint.
 
 Exit codes: 0 success / nothing found; 1 ``analyze``/``lint`` found a problem; 2 usage or configuration
 error; 3 ``run``/``watch`` ended a hung job (``--fail-fast``); 4 ``watch``: another watchdog already
@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON file with what really happened, stored as `truth`")
     p.set_defaults(func=cmd_capture)
 
+    from dtwatch.report.checks import add_checks_parser
+
+    add_checks_parser(sub)
     try:
         from dtwatch.lint.cli import add_lint_parser
 

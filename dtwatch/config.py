@@ -201,6 +201,9 @@ class Config:
     """Count optimizer steps as training steps (until ``dtwatch.step()`` is called explicitly)."""
     watchdog_args: str = ""
     """Extra arguments passed to an auto-started watchdog (e.g. ``--stall-window 30``)."""
+    batch_fingerprint: bool = True
+    """Hash the first batch of a DataLoader's first training epochs (its leading bytes, in a background thread)
+    so the watchdog can tell ranks that train on the same data (the ``same_data`` check); off: no batch is read."""
     allow_ptrace: bool = False
     """Let any process of the same user ptrace this rank (``PR_SET_PTRACER_ANY``), so a watchdog sidecar's
     py-spy works on hosts with Yama ``ptrace_scope=1``. Linux only; off by default."""
@@ -257,6 +260,7 @@ OPTIONS: dict[str, Option] = {
     ),
     "auto_step": Option("DTWATCH_AUTO_STEP", parse_bool, _is_bool, "1/0, true/false"),
     "watchdog_args": _text("DTWATCH_WATCHDOG_ARGS", "watchdog command-line arguments", lambda v: True),
+    "batch_fingerprint": Option("DTWATCH_BATCH_FINGERPRINT", parse_bool, _is_bool, "1/0, true/false"),
     "allow_ptrace": Option("DTWATCH_ALLOW_PTRACE", parse_bool, _is_bool, "1/0, true/false"),
 }
 

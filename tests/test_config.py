@@ -48,6 +48,7 @@ def assert_not_installed():
         ({"stack_signal": "SIGNOPE"}, "stack_signal", "a signal name such as SIGUSR2, or 'off'"),
         ({"job_id": "a/b"}, "job_id", "1-128 characters from A-Z a-z 0-9 . _ -"),
         ({"torch_env": "yes"}, "torch_env", "1/0, true/false"),
+        ({"batch_fingerprint": 1}, "batch_fingerprint", "1/0, true/false"),
         ({"dir": ""}, "dir", "a directory path"),
     ],
 )
@@ -83,6 +84,7 @@ def test_unknown_option_raises_config_error(dtwatch_env):
         ("DTWATCH_SAMPLE_INTERVAL", "nan", "sample_interval", "seconds from 0.01 to 10"),
         ("DTWATCH_WATCHDOG", "sometimes", "watchdog", "'auto' or 'off'"),
         ("DTWATCH_TORCH_ENV", "maybe", "torch_env", "1/0, true/false"),
+        ("DTWATCH_BATCH_FINGERPRINT", "sometimes", "batch_fingerprint", "1/0, true/false"),
         ("DTWATCH_STACK_SIGNAL", "SIGNOPE", "stack_signal", "a signal name such as SIGUSR2, or 'off'"),
         ("DTWATCH_JOB_ID", "bad/id", "job_id", "1-128 characters from A-Z a-z 0-9 . _ -"),
     ],

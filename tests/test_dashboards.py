@@ -540,6 +540,7 @@ def test_promtool_rule_unit_tests_can_fail(tmp_path: Path) -> None:
 EXPECTED_ALERTS = {
     "DtwatchRankStalled", "DtwatchCollectiveDesync", "DtwatchStraggler", "DtwatchWatchdogDown",
     "DtwatchWatchdogAbsent", "DtwatchNewIncident", "DtwatchRankExited", "DtwatchSilentDesync",
+    "DtwatchSetupMistake",
 }
 
 
@@ -555,6 +556,7 @@ def test_the_alerts_are_the_documented_ones_with_severity_and_annotations() -> N
     assert severities["DtwatchStraggler"] == "warning"
     assert severities["DtwatchRankStalled"] == "critical"
     assert severities["DtwatchSilentDesync"] == "critical"
+    assert severities["DtwatchSetupMistake"] == "warning"  # the job runs: degraded, not stuck
 
 
 def test_alert_descriptions_name_the_labels_of_what_they_are_about() -> None:

@@ -50,6 +50,7 @@ LOADER_FIELDS = [
     ("_reserved", 40, 24),
 ]
 SEQ_CLOCK_FIELDS = [("t", 0, 8), ("seq", 8, 8), ("group", 16, 2), ("_pad", 18, 6)]
+FACTS_HEAD_FIELDS = [("length", 0, 4), ("crc32", 4, 4)]  # at FACTS_OFFSET, then the JSON document
 
 LAYOUTS = {
     "record": (layout.RECORD, RECORD_FIELDS, 128),
@@ -59,6 +60,7 @@ LAYOUTS = {
     "site": (layout.SITE, SITE_FIELDS, 256),
     "loader": (layout.LOADER, LOADER_FIELDS, 64),
     "seq_clock": (layout.SEQ_CLOCK_LAYOUT, SEQ_CLOCK_FIELDS, 24),
+    "facts_head": (layout.FACTS_HEAD, FACTS_HEAD_FIELDS, 8),
 }
 
 
@@ -130,6 +132,10 @@ def test_header_parts_fit_where_the_format_puts_them() -> None:
     assert layout.OFF_MAIN_STACK == 512 + live["main_stack"]
     assert (layout.GROUP_CPP_OFFSET, layout.GROUP_COMPLETED_OFFSET) == (80, 96)
     assert layout.SEQ_CLOCK_BYTES == 8 + layout.SEQ_CLOCK_ENTRIES * 24
+    # The setup-facts block fills the header's tail, after the live fields.
+    assert layout.LIVE_OFFSET + layout.LIVE.size <= layout.FACTS_OFFSET == 1024
+    assert layout.FACTS_END == layout.HEADER_SIZE
+    assert layout.FACTS_CAPACITY == layout.HEADER_SIZE - 1024 - 8
 
 
 def test_the_partial_structs_cover_exactly_their_fields() -> None:

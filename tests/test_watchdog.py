@@ -34,8 +34,10 @@ def backend(request) -> str:
 
 
 def false_warnings(job, kinds=("desync", "mismatch")) -> list[dict]:
-    """Warnings of these kinds in a run that has no such problem (there must be none)."""
-    return [e for e in job.events() if e["event"] == "warning" and e["kind"] in kinds]
+    """Warnings of these kinds in a run that has no such problem (there must be none); the setup checks'
+    warnings too: no test job has a setup mistake."""
+    return [e for e in job.events() if e["event"] == "warning"
+            and (e["kind"] in kinds or e.get("details", {}).get("check"))]
 
 
 @contextmanager
@@ -45,6 +47,7 @@ def incident(tmp_path, scenario, nproc, backend="gloo", **kw):
     job = launch(tmp_path, scenario, nproc, window=WINDOW, **kw)
     try:
         yield job, job.wait_incident(timeout=90)
+        assert not false_warnings(job, ()), job.events()  # no setup warning in a job without a setup mistake
     finally:
         job.stop()
 

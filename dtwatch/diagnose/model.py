@@ -21,6 +21,12 @@ class Kind(str, Enum):
     UNRESPONSIVE = "unresponsive"  # alive, but not running Python (GIL held, stopped)
     STRAGGLER = "straggler"  # progressing, one rank consistently last
     STALLED_COLLECTIVE = "stalled_collective"  # everyone is in the same collective; it does not complete
+    # Setup mistakes that never hang (warnings, dtwatch.diagnose.setup)
+    NOT_DISTRIBUTED = "not_distributed"  # WORLD_SIZE > 1 but no process group: every rank trains alone
+    SAME_DEVICE = "same_device"  # two local ranks use the same GPU
+    SAME_DATA = "same_data"  # ranks train on the same data (sampler not distributed, identical first batches)
+    SAME_SHUFFLE = "same_shuffle"  # DistributedSampler(shuffle=True) whose epoch never changes
+    CONFIG_DIVERGENCE = "config_divergence"  # ranks disagree on facts they should share (torch, model)
 
     def __str__(self) -> str:
         return self.value

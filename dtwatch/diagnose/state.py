@@ -110,6 +110,7 @@ class RankState:
     ring_path: str = ""
     step_times: list[float] = field(default_factory=list)  # recent step marker times
     step_seqs: list[int] = field(default_factory=list)  # the default group's seq at those steps
+    setup: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.record.setup_facts)
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -277,7 +278,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,
         gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
         step_times=[float(t) for t in t_enter[is_marker][-STEP_HISTORY:]],
-        step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]],
+        step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]], setup=snap.facts,
     )
 
 

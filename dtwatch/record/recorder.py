@@ -3,7 +3,8 @@
 ``install()`` replaces each function listed in :mod:`dtwatch.ops` (in ``torch.distributed`` and
 ``torch.distributed.distributed_c10d``) with a wrapper made by :func:`~dtwatch.record.wrapper.make_wrapper`,
 the one recording path. It also follows the default process group's life (the ring is created when the
-group appears and stops when it goes), counts DataLoader epochs and optimizer steps, and hooks the
+group appears and stops when it goes), counts DataLoader epochs and optimizer steps, hooks the setup
+functions whose facts the setup checks compare (:mod:`dtwatch.record.wraps`), and hooks the
 process's end (``atexit``, ``sys.excepthook``; the signal files of :mod:`dtwatch.record.endings` come
 with the ring). ``uninstall()`` restores every function it replaced, where it is still dtwatch's.
 Work that can wait runs in :mod:`dtwatch.record.sampler`'s thread; the state is
@@ -85,6 +86,12 @@ def install(**options: Any) -> bool:
                 _patch(rec, dist, name, wrapper)
         _patch_lifecycle(rec)
         _patch_iteration(rec)
+        try:
+            from dtwatch.record.wraps import start_setup_facts
+
+            rec.setup = start_setup_facts(rec, functools.partial(_patch, rec))
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("hooking setup functions (DDP/FSDP wraps, set_device)", exc)
         rec.prev_excepthook = sys.excepthook
 
         def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -126,6 +133,8 @@ def uninstall() -> bool:
         atexit.unregister(rec.on_exit)
         rec.signal_files.remove()
         rec.detach()
+        if rec.setup is not None:
+            rec.setup.close()
         if rec.ring is not None:
             rec.ring.set_exit(EXIT_DETACHED, 0, "dtwatch uninstalled")
         rec.mm = None
@@ -222,11 +231,18 @@ def _patch_iteration(rec: Recorder) -> None:
 
     @functools.wraps(iter_original)
     def dataloader_iter(self: Any) -> Any:
+        slot = -1
         try:
-            rec.loader_started(self)
+            slot = rec.loader_started(self)
         except Exception as exc:  # noqa: BLE001
             rec.fail("recording a DataLoader epoch", exc)
-        return iter_original(self)
+        iterator = iter_original(self)
+        if slot >= 0 and rec.setup is not None:
+            try:
+                rec.setup.loader_epoch(self, slot, iterator)  # sampler facts; first batch fingerprinted
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("noting a DataLoader's setup", exc)
+        return iterator
 
     _patch(rec, DataLoader, "__iter__", dataloader_iter)
     try:

@@ -3,8 +3,9 @@
 It creates this rank's ring when the default process group appears (:meth:`Recorder.attach`, however
 that group came to be) and stops at its end (:meth:`Recorder.detach`); registers process groups in the
 ring's group table; writes step markers and DataLoader epochs; stamps the exits of calls that completed
-after they returned (:mod:`dtwatch.record.inflight`); and writes down how the process ended
-(:mod:`dtwatch.record.endings`). The per-call path is :mod:`dtwatch.record.wrapper`; installing it into
+after they returned (:mod:`dtwatch.record.inflight`); hands setup events to its ``SetupFacts``
+(:mod:`dtwatch.record.setup_facts`, which sees it as a ``SetupHost``); and writes down how the process
+ended (:mod:`dtwatch.record.endings`). The per-call path is :mod:`dtwatch.record.wrapper`; installing it into
 ``torch.distributed`` is :mod:`dtwatch.record.recorder`'s. The background :class:`Sampler` sees the
 recorder only as a :class:`~dtwatch.record.sampler.SamplerHost`.
 """
@@ -22,7 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,9 @@ from dtwatch.ring import (
     RingWriter,
     ring_filename,
 )
+
+if TYPE_CHECKING:
+    from dtwatch.record.setup_facts import SetupFacts
 
 log = logging.getLogger("dtwatch")
 
@@ -106,6 +110,7 @@ class Recorder:
         self.probe: UnattachedProbe | None = None  # while no ring exists
         self.poll: DefaultGroupPoll | None = None  # while no ring exists
         self.stopped = threading.Event()  # set by uninstall()
+        self.setup: SetupFacts | None = None  # facts for the setup checks (dtwatch.record.setup_facts)
 
     # -- failure policy -----------------------------------------------------------------------------
     def fail(self, what: str, exc: BaseException | None = None) -> None:
@@ -172,6 +177,8 @@ class Recorder:
         # Published last: a wrapper that sees ``mm`` set finds everything else in place (the poll thread
         # may attach while the main thread calls a collective).
         self.mm = ring.mm
+        if self.setup is not None:
+            self.setup.attached()  # never raises
         self.stop_watching_for_group()
         self.signal_files.install(self.config.stack_signal, self.run_dir, rank, ring.set_stack_signal, self.fail)
         if self.config.allow_ptrace:
@@ -281,6 +288,8 @@ class Recorder:
         self.step += 1
         ring, mm = self.ring, self.mm
         if ring is None or mm is None:
+            if ring is None and self.setup is not None:
+                self.setup.step_without_group(self.step)  # never raises
             return
         try:
             now = time.time()
@@ -294,9 +303,10 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001
             self.fail("recording a step", exc)
 
-    def loader_started(self, loader: Any) -> None:
+    def loader_started(self, loader: Any) -> int:
+        """Note an epoch of ``loader``; returns its slot in the ring's loader table (-1: none)."""
         if self.ring is None:
-            return
+            return -1
         try:
             length = len(loader)
         except Exception:  # noqa: BLE001 - an iterable dataset has no length
@@ -307,9 +317,10 @@ class Recorder:
         if slot < 0:
             slot = self.ring.add_loader(site)
             if slot < 0:
-                return
+                return -1
         self.loader_index[site] = (slot, epochs + 1)
         self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step)
+        return slot
 
     # -- calls that complete after they return -------------------------------------------------------
     def finish(self, off: int, stamp: int, status: int, span: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
 from dtwatch.report.bundle import bundle_findings
@@ -150,11 +151,13 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
                                    assume_stalled=window == 0.0).findings
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}
-    computed = uneven_loader_warnings(ordered, now)
+    computed = uneven_loader_warnings(ordered, now) + setup_warnings(ordered, now)
     strag = straggler_warning(entry_lags(ordered), now)
     if strag is not None:
         computed.append(strag)
-    warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued]
+    checked = {f.details.get("check") for f in live if f.details.get("check")}  # setup checks: once per run
+    warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued
+                       and (not f.details.get("check") or f.details["check"] not in checked)]
     verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
     return Analysis(
         result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],

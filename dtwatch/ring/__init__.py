@@ -25,7 +25,8 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
   ``LIVE_OFFSET`` (``LIVE``: heartbeat time and count, the main thread's current site and innermost
   site and since when, step counter and time of the last step, exit state/code/time/reason, dump
   request/acknowledge counters, table fill counts, the signal that makes faulthandler dump stacks, the
-  site ids of the main thread's user frames).
+  site ids of the main thread's user frames), then from ``FACTS_OFFSET`` the rank's setup facts
+  (``FACTS_HEAD``: length and crc32, then a JSON document; :mod:`~dtwatch.ring.setup_facts`).
 * **Groups** (``GROUP_SIZE`` = 128 each): process-group name (torch's ``group_name``, the same on every
   rank), description, member count, this rank's rank in the group, where its members lie in the member
   pool, the group's C++ sequence number as last sampled and when it last changed.
@@ -77,6 +78,10 @@ from dtwatch.ring.layout import (
     EXIT_RUNNING,
     EXIT_SIGNAL,
     EXIT_STATE_NAMES,
+    FACTS_CAPACITY,
+    FACTS_END,
+    FACTS_HEAD,
+    FACTS_OFFSET,
     FLAG_ASYNC,
     FLAG_ENQUEUED,
     FLAG_MARKER,
@@ -132,6 +137,7 @@ from dtwatch.ring.reader import (
     read_rings,
     request_dump,
 )
+from dtwatch.ring.setup_facts import encode_facts, read_facts, write_facts
 from dtwatch.ring.writer import (
     DEFAULT_CAPACITY,
     DEFAULT_GROUPS,
@@ -158,6 +164,10 @@ __all__ = [
     "EXIT_RUNNING",
     "EXIT_SIGNAL",
     "EXIT_STATE_NAMES",
+    "FACTS_CAPACITY",
+    "FACTS_END",
+    "FACTS_HEAD",
+    "FACTS_OFFSET",
     "FLAG_ASYNC",
     "FLAG_COALESCED",
     "FLAG_ENQUEUED",
@@ -211,9 +221,12 @@ __all__ = [
     "Site",
     "U64",
     "VERSION",
+    "encode_facts",
     "find_rings",
+    "read_facts",
     "read_ring",
     "read_rings",
     "request_dump",
     "ring_filename",
+    "write_facts",
 ]

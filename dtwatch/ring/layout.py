@@ -198,6 +198,13 @@ OFF_COUNTS, COUNTS = _live("n_groups", "members_used")
 OFF_STACK_SIGNAL, I32 = _live("stack_signal")
 OFF_MAIN_STACK, MAIN_STACK = _live("main_stack")
 
+# The rank's setup facts, in the header's tail after the live fields (written at setup time, never per
+# collective): this head, then ``length`` bytes of UTF-8 JSON (see :mod:`dtwatch.ring.setup_facts`).
+FACTS_OFFSET = 1024
+FACTS_END = HEADER_SIZE
+FACTS_HEAD = Layout(Field("length", "I"), Field("crc32", "I"))  # length 0: no facts (or being rewritten)
+FACTS_CAPACITY = FACTS_END - FACTS_OFFSET - FACTS_HEAD.size
+
 # One per process group.
 GROUP = Layout(
     Field("name", "s", 32), Field("desc", "s", 32), Field("size", "i"), Field("group_rank", "i"),

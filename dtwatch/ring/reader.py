@@ -42,6 +42,7 @@ from dtwatch.ring.layout import (
     STATIC,
     U64,
 )
+from dtwatch.ring.setup_facts import read_facts
 
 
 class RingFormatError(ValueError):
@@ -187,6 +188,7 @@ class RankSnapshot:
     read_time: float = field(default_factory=time.time)
     # SEQ_CLOCK_DTYPE: when the sampler saw each group's counter advance, oldest first (empty: none kept)
     seq_clock: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=SEQ_CLOCK_DTYPE))
+    facts: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.ring.setup_facts)
 
     # -- lookups ----------------------------------------------------------------------------------
     def site(self, site_id: int) -> Site | None:
@@ -326,7 +328,7 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
         dump_request=live["dump_request"], dump_ack=live["dump_ack"], stack_signal=live["stack_signal"],
         main_stack=[s for s in (site_of(i) for i in live["main_stack"] if i) if s is not None],
         groups=groups, sites=sites, loaders=loaders, records=valid,  # a copy: never a view of `data`
-        seq_clock=_read_seq_clock(data, st["seq_clock_off"]),
+        seq_clock=_read_seq_clock(data, st["seq_clock_off"]), facts=read_facts(data),
     )
 
 

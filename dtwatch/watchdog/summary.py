@@ -5,9 +5,9 @@ Two encodings of one node's :class:`~dtwatch.diagnose.state.RankState` list cros
 * the **state** (:func:`encode_states` / :func:`decode_states`): what the diagnosis reads of a remote rank,
   trimmed to what it needs: per group the sequence numbers (issued, completed, Python/C++), the last
   :data:`RECENT_KEPT` calls, the in-flight calls, steps, loaders, heartbeat, exit state, the sampled
-  main-thread site. Call sites are written once per node in a table and referred to by index, times
-  as microseconds from the summary's own clock, group members as ranges. It is read only for the
-  ranks a job-level view needs.
+  main-thread site, the setup facts (as the ring holds them, for the setup checks). Call sites are
+  written once per node in a table and referred to by index, times as microseconds from the summary's
+  own clock, group members as ranges. It is read only for the ranks a job-level view needs.
 * the **digest** (:func:`digest` / :func:`decode_digests`): a few numbers per rank that the aggregator
   scans for every rank of the job on every round (where each rank is, its progress time, loader
   lengths, the call it entered last); see :mod:`dtwatch.watchdog.aggregate`.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from dtwatch.diagnose.positions import positions
 from dtwatch.diagnose.state import Call, GroupProgress, RankState
 
-FORMAT = 1
+FORMAT = 2  # 2: each rank's setup facts
 RECENT_KEPT = 16  # recent calls per group (enough to align program order and to see lag)
 SEQ_TIMES_KEPT = 16  # (seq, time) changes of each group's counter
 STEP_HISTORY_KEPT = 16
@@ -139,7 +139,7 @@ def encode_states(node: str, states: list[RankState], now: float, *, heartbeats:
               _t(ld.get("time") or 0.0, now), ld.get("step")] for ld in s.loaders],
             _t(s.last_activity, now), s.stack_signal, s.device_index, s.gpu_uuid,
             [_t(t, now) for t in s.step_times[-STEP_HISTORY_KEPT:]], s.step_seqs[-STEP_HISTORY_KEPT:],
-            groups, [_call(c, sites, now) for c in s.open_calls],
+            groups, [_call(c, sites, now) for c in s.open_calls], s.setup or None,
         ])
     doc = {"format": FORMAT, "node": node, "time": now, "sites": sites.table, "ranks": ranks}
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
@@ -174,7 +174,7 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
             continue
         (rank, local_rank, world_size, host, pid, job_id, start, restarts, backend, alive, proc_state, exit_state,
          exit_reason, exit_time, heartbeat, step, step_time, main_i, top_i, since, stack, loaders, last_activity,
-         stack_signal, device_index, gpu_uuid, step_times, step_seqs, groups, open_calls) = v
+         stack_signal, device_index, gpu_uuid, step_times, step_seqs, groups, open_calls, setup) = v
         gp: dict[str, GroupProgress] = {}
         for name, members, seq, completed, py_seq, cpp_seq, cpp_t, tracked, complete, seq_times, recent in groups:
             key = json.dumps(members)
@@ -198,6 +198,7 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
                       "time": _ut(t, base), "step": lstep} for idx, si, length, epochs, t, lstep in loaders],
             last_activity=_ut(last_activity, base), stack_signal=stack_signal, device_index=device_index,
             gpu_uuid=gpu_uuid, ring_path="", step_times=[_ut(t, base) for t in step_times], step_seqs=list(step_seqs),
+            setup=setup or {},
         ))
     return NodeStates(str(doc["node"]), base, out)
 

@@ -1,9 +1,12 @@
-"""Warnings (no stall yet): uneven DataLoader lengths, a straggler, a silent desync. Each is reported once."""
+"""Warnings (no stall yet): uneven DataLoader lengths, a straggler, a silent desync, the setup checks'
+findings (:mod:`dtwatch.diagnose.setup`). Each is reported once; each setup check once per run."""
 from __future__ import annotations
 
 import json
 
 from dtwatch.diagnose import Evidence, Finding, silent_desyncs, uneven_loader_warnings
+from dtwatch.diagnose.setup import Hold as SetupHold
+from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState
 
 RECENT = 20
@@ -16,6 +19,7 @@ class Warnings:
     def __init__(self) -> None:
         self.reported: set[tuple] = set()
         self.silent_reported: set[tuple] = set()  # (group, seq) of silent desyncs reported
+        self.setup_hold = SetupHold()  # setup warnings wait a moment for the ranks behind
         self.all: list[Finding] = []
 
     def new(self, states: list[RankState], now: float, straggler: Finding | None, evidence: Evidence) -> list[Finding]:
@@ -24,6 +28,8 @@ class Warnings:
         if straggler is not None:
             found.append(straggler)
         found += silent_desyncs(states, now, self.silent_reported, evidence)
+        if states:
+            found += self.setup_hold.due(setup_warnings(states, now), now, states[0].world_size)
         fresh = []
         for f in found:
             key = _key(f)
@@ -43,5 +49,7 @@ def _key(f: Finding) -> tuple:
     """What makes a warning the same one again."""
     if f.details.get("silent"):
         return (f.kind, f.group, f.seq)
+    if f.details.get("check"):
+        return ("setup", f.details["check"])  # each setup check warns once per run
     lengths = json.dumps(f.details.get("loader", {}).get("lengths")) if f.kind != "straggler" else ""
     return (f.kind, tuple(f.ranks), lengths)

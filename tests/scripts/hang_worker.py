@@ -58,7 +58,7 @@ class SamplesThatHang(Dataset):
         if i == self.hang_at:
             mark_onset(self.rank)
             time.sleep(3600)  # site:worker_sleep
-        return torch.randn(16)
+        return torch.randn(16) + self.rank  # each rank reads its own samples
 
 
 def wrapper_library():
@@ -164,7 +164,7 @@ def main() -> None:
         # the post-loop barrier while the others wait in DDP's gradient all_reduce (issued from C++).
         model, opt = model_and_opt()
         n = 6 * 8 if rank != 1 else 4 * 8
-        loader = DataLoader(TensorDataset(torch.randn(n, 16)), batch_size=8)  # site:loader
+        loader = DataLoader(TensorDataset(torch.randn(n, 16) + rank), batch_size=8)  # site:loader
         for (batch,) in loader:  # site:loader_loop
             time.sleep(0.3)
             train_step(model, opt, batch)
@@ -355,7 +355,7 @@ def main() -> None:
         # waits at the post-loop barrier while the others wait in DDP's gradient all_reduce.
         model, opt = model_and_opt()
         batches = 36 if rank != 1 else 31
-        loader = DataLoader(TensorDataset(torch.randn(batches * 8, 16)), batch_size=8)  # site:tour_loader
+        loader = DataLoader(TensorDataset(torch.randn(batches * 8, 16) + rank), batch_size=8)  # site:tour_loader
         metric = torch.zeros(1)
         for (batch,) in loader:
             time.sleep(0.15)
