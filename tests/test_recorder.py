@@ -507,8 +507,10 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
     (libdir / "wrapperlib.py").write_text(WRAPPERLIB)
     lib_file, lib = str(libdir / "wrapperlib.py"), _marker_lines(WRAPPERLIB)
     script, user = str(SCRIPTS / "rec_callsite.py"), site_lines("rec_callsite.py")
+    # No empty entry: it would put the job's working directory on sys.path, where the run directory
+    # `dtwatch/` would shadow an editable install of the package (a namespace package wins over it).
     job = torchrun("rec_callsite.py", 2, wait=False,
-                   env={"PYTHONPATH": os.pathsep.join([str(libdir), os.environ.get("PYTHONPATH", "")])})
+                   env={"PYTHONPATH": os.pathsep.join(p for p in [str(libdir), os.environ.get("PYTHONPATH")] if p)})
 
     # While a rank waits inside the library, the sampler places it at the library's line (main_site)
     # and lists the user's lines that led there (main_stack), innermost first.

@@ -176,12 +176,14 @@ class Sampler(threading.Thread):
             stack.append(sites.frame_site(user_frame))
             user_frame = sites.user_frame(user_frame.f_back)
         del frame, code, user_frame
-        if (where, top) != self.last_sites:
-            self.last_sites = (where, top)
-            self.ring.set_main_site(where, top, now)
+        # The stack before the site: a reader copies the live block in address order (the site first),
+        # so one that sees this sample's site also sees this sample's stack, never the previous one's.
         if stack != self.last_stack:
             self.last_stack = stack
             self.ring.set_main_stack(stack)
+        if (where, top) != self.last_sites:
+            self.last_sites = (where, top)
+            self.ring.set_main_site(where, top, now)
 
 
 def dump_flight_recorder(run_dir: str, rank: int, request: int) -> str | None:
