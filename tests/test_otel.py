@@ -238,6 +238,19 @@ def test_high_rate_keeps_whole_steps_and_the_same_steps_on_every_rank(tmp_path: 
     assert all(s.attributes["dtwatch.spans_dropped"] == 0 for s in steps)
 
 
+def test_the_span_queue_holds_what_one_update_may_end() -> None:
+    # The SDK's queue drops its oldest spans when full: a backlog the buckets allow would lose its first steps.
+    wide = OtelExporter(endpoint="http://127.0.0.1:1", protocol="grpc", environ={},
+                        sampling=SpanSampling(max_spans_per_second=100, burst_seconds=10))
+    default = OtelExporter(endpoint="http://127.0.0.1:1", protocol="grpc", environ={})
+    try:
+        assert wide.max_queue_size == 2 * 100 * 10
+        assert default.max_queue_size == 512  # the defaults' 2 x 20/s x 5 s fit the SDK's usual size
+    finally:
+        wide.shutdown()
+        default.shutdown()
+
+
 def test_every_n_steps_when_the_rate_is_low(job: ExpJob) -> None:
     with GrpcReceiver() as rx:
         exporter = OtelExporter(endpoint=rx.endpoint, protocol="grpc", sampling=SpanSampling(every_n_steps=2),

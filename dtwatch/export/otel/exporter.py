@@ -85,7 +85,9 @@ class OtelExporter:
             )
         self.sampling = sampling or SpanSampling()
         self.metric_interval = float(metric_interval)
-        self.max_queue_size = max_queue_size
+        # The SDK's queue drops its *oldest* spans when full, so it holds at least what the sampling policy
+        # lets one rank end in one update (a backlog read at start-up, a stall's burst of urgent spans).
+        self.max_queue_size = max(max_queue_size, self.sampling.most_spans_at_once())
         self.max_export_batch_size = max_export_batch_size
         self.schedule_delay = float(schedule_delay)
         self.job_id, self.node = job_id, node

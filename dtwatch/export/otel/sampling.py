@@ -46,6 +46,10 @@ class SpanSampling:
     job_wide_traces: bool = True
     """Step k of every rank shares one trace id derived from (job id, restart count, k)."""
 
+    def most_spans_at_once(self) -> int:
+        """The most spans one rank can end in one update: both buckets full (step spans take routine tokens)."""
+        return 2 * math.ceil(self.max_spans_per_second * self.burst_seconds)
+
     def __post_init__(self) -> None:
         n = self.every_n_steps
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
