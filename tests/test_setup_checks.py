@@ -176,6 +176,32 @@ def test_same_shuffle_needs_an_epoch_that_never_moved():
     assert same_shuffle(states, now) is None
 
 
+def peeked_before_set_epoch(peek_epochs: list[int], loop_epochs: list[int]) -> tuple[list[RankState], float]:
+    """The healthy job's sampler, iterated at two lines as the DDP tutorial does: ``next(iter(loader))``
+    to read the batch size at each epoch's start, before ``set_epoch``, then the loop after it."""
+    states, now = healthy()
+    for s in states:
+        loop = s.setup["loaders"]["0"]
+        loop["sid"] = 140000000 + s.rank
+        peek = copy.deepcopy(loop)
+        peek["epochs"], peek["iters"] = [[0, e] for e in peek_epochs], len(peek_epochs)
+        loop["epochs"], loop["iters"] = [[0, e] for e in loop_epochs], len(loop_epochs)
+        s.setup["loaders"]["3"] = peek
+        s.loaders.append({**s.loaders[0], "index": 3, "site": {**s.loaders[0]["site"], "line": 99}})
+    return states, now
+
+
+def test_same_shuffle_judges_a_sampler_over_every_line_that_iterates_it():
+    # The peek sees the previous epoch at each epoch's start: alone it looks stuck, with its loop it is not.
+    assert same_shuffle(*peeked_before_set_epoch([0, 0], [0, 1])) is None
+    assert same_shuffle(*peeked_before_set_epoch([0, 0, 1, 2], [0, 1, 2, 3])) is None
+    # Between the peek and the loop of the second epoch (the loop seen once): no verdict yet.
+    assert same_shuffle(*peeked_before_set_epoch([0, 0], [0])) is None
+    # set_epoch never called: both lines stay at epoch 0.
+    f = same_shuffle(*peeked_before_set_epoch([0, 0], [0, 0]))
+    assert f is not None and f.ranks == [0, 1] and "set_epoch" in f.summary
+
+
 def test_drop_last_differing_on_one_rank_is_an_uneven_iterations_warning():
     states, now = healthy()
     assert drop_last_differs(states, now) is None

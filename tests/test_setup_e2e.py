@@ -99,10 +99,12 @@ def test_the_warning_reaches_metrics_webhook_and_analyze(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_the_healthy_job_raises_no_warning(tmp_path):
-    # DistributedSampler with set_epoch and one drop_last, an evaluation loop over the whole validation
-    # set on every rank, and a per-rank shard read with shuffle=True: none of it is a mistake.
-    job = launch(tmp_path, "healthy", 2, script=WORKER, window=4.0)
+@pytest.mark.parametrize("scenario", ["healthy", "healthy_peek"])
+def test_the_healthy_job_raises_no_warning(tmp_path, scenario):
+    # healthy: DistributedSampler with set_epoch and one drop_last, an evaluation loop over the whole
+    # validation set on every rank, and a per-rank shard read with shuffle=True: none of it is a mistake.
+    # healthy_peek: the tutorial's next(iter(loader)) before set_epoch at each epoch's start.
+    job = launch(tmp_path, scenario, 2, script=WORKER, window=4.0, extra_env={"EPOCHS": "4"})
     try:
         run_to_end(job)
         assert [e for e in job.events() if e["event"] == "warning"] == [], job.events()

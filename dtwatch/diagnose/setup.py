@@ -201,13 +201,31 @@ def _why_same(f: dict) -> str:
             "data; use a distributed sampler")
 
 
+def _sampler_epochs(state: RankState) -> dict[Any, tuple[set[tuple], bool]]:
+    """Per sampler object of one rank (facts ``sid``; each loader on its own where absent): the (seed,
+    epoch) pairs noted at every line it was iterated, and whether each line started it at least twice."""
+    out: dict[Any, tuple[set[tuple], bool]] = {}
+    for slot, f in (state.setup.get("loaders") or {}).items():
+        key = f.get("sid") if f.get("sid") is not None else ("#slot", slot)
+        seen, every_line_twice = out.get(key, (set(), True))
+        seen |= {tuple(e) for e in f.get("epochs") or []}
+        out[key] = (seen, every_line_twice and int(f.get("iters") or 0) >= 2)
+    return out
+
+
 def same_shuffle(states: list[RankState], now: float) -> Finding | None:
+    """A shuffling DistributedSampler that stays at one epoch. Judged per sampler, over every line that
+    iterates it: a peek at the first batch before ``set_epoch`` (the tutorials' ``next(iter(loader))``)
+    sees the previous epoch at each epoch's start, but the loop after it sees the new one."""
+    samplers = {s.rank: _sampler_epochs(s) for s in states}
     for per_rank in loader_facts(states).values():
         stale = {}
         for r, (f, _) in per_rank.items():
             epochs = [tuple(e) for e in f.get("epochs") or []]
+            sid = f.get("sid")
+            seen, every_line_twice = samplers[r][sid] if sid is not None else (set(epochs), True)
             if f.get("dist") and f.get("shuffle") and int(f.get("iters") or 0) >= 2 and len(epochs) >= 2 \
-                    and len(set(epochs)) == 1:
+                    and len(seen) == 1 and every_line_twice:
                 stale[r] = f
         if stale:
             ranks = sorted(stale)

@@ -85,6 +85,9 @@ def describe_loader(loader: Any, training: bool) -> dict[str, Any]:
         "shuffle": shuffle if isinstance(shuffle, bool) else None,
         "seed": _int_attr(owner, "seed") if distributed else None,
         "epoch": _int_attr(owner, "epoch") if distributed else None,
+        # Which sampler object (within this process): a loader iterated at two lines - a peek at the first
+        # batch before set_epoch, then the loop - has one sampler, whose epochs are judged together.
+        "sid": id(owner) if distributed else None,
         "drop_last": [_bool_attr(loader, "drop_last"), _bool_attr(owner, "drop_last") if distributed else None],
         "dlen": length,
         "iterable": iterable,

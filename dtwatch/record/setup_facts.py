@@ -16,7 +16,8 @@ background thread (the training thread only updates the document). The document 
     loaders   per DataLoader slot of the ring's loader table: what dtwatch.record.samplers says at the
               latest epoch noted (the first EPOCHS_KEPT, then any that changes it), plus iters (epochs
               started), epochs ([seed, epoch] of the sampler at each epoch noted), fp ({iteration:
-              fingerprint of its first batch}, the first FINGERPRINTS_KEPT epochs), dsig (dataset signature)
+              fingerprint of its first batch}, the first FINGERPRINTS_KEPT epochs), dsig (dataset signature);
+              sid tells which sampler object it iterates (one loader may be iterated at several lines)
     fp_off    true when batch fingerprints are off (``DTWATCH_BATCH_FINGERPRINT=0``)
     no_pg     {since, site, steps, world, rank, local_rank}: optimizer steps ran for GRACE_S with
               WORLD_SIZE > 1 and no default process group (then the ring is made without one)

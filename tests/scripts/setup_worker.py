@@ -154,6 +154,24 @@ def main() -> None:
         sampler = DistributedSampler(data, shuffle=True)
         train(model, DataLoader(data, batch_size=8, sampler=sampler), sampler)
 
+    elif SCENARIO == "healthy_peek":
+        # As the DDP tutorial does: the batch size read from a first batch at each epoch's start, before
+        # set_epoch, then the loop. The peek sees the previous epoch; the loop sees the new one.
+        model = DDP(Net())
+        data = dataset(64)
+        sampler = DistributedSampler(data, shuffle=True)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for epoch in range(EPOCHS):
+            batch_size = len(next(iter(loader))[0])  # site:peek
+            sampler.set_epoch(epoch)
+            for (x,) in loader:
+                loss = model(x[:batch_size]).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                time.sleep(PAUSE)
+
     else:
         raise SystemExit(f"unknown scenario {SCENARIO}")
     dist.barrier()
