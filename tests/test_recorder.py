@@ -387,6 +387,34 @@ def test_install_before_init_then_ring_appears(dtwatch_env):
     assert not rec.in_flight
 
 
+def test_loaders_iterated_in_one_library_loop_are_told_apart_by_the_users_line(dtwatch_env, tmp_path, monkeypatch):
+    # Accelerate's DataLoaderShard.__iter__ iterates every loader of a job at one line: the user's line
+    # that led there tells the training loader (4 batches) from the validation one (2).
+    libdir = tmp_path / "venv" / "lib" / "site-packages"
+    libdir.mkdir(parents=True)
+    (libdir / "looplib.py").write_text("def each(loader):\n    for batch in loader:\n        yield batch\n")
+    monkeypatch.syspath_prepend(str(libdir))
+    import looplib
+
+    assert dtwatch.install() is True
+    init_world1()
+    train = DataLoader(torch.zeros(8, 2), batch_size=2)
+    val = DataLoader(torch.zeros(4, 2), batch_size=2)
+    for _ in range(2):
+        list(looplib.each(train)); train_line = here()  # noqa: E702
+        list(looplib.each(val)); val_line = here()  # noqa: E702
+    snap = dtwatch.read_ring(dtwatch_env / "rank-00000.ring")
+    got = [(ld.site.file, ld.site.line, ld.user_site.file, ld.user_site.line, ld.length, ld.epochs)
+           for ld in snap.loaders]
+    lib = str(libdir / "looplib.py")
+    assert got == [(lib, 2, __file__, train_line, 4, 2), (lib, 2, __file__, val_line, 2, 2)]
+    # A loop in the user's own code has no separate user line.
+    for _ in train:
+        pass
+    assert dtwatch.read_ring(dtwatch_env / "rank-00000.ring").loaders[-1].user_site is None
+    sys.modules.pop("looplib", None)
+
+
 def test_reinit_after_destroy_records_into_a_fresh_ring(dtwatch_env):
     assert dtwatch.install() is True
     init_world1()

@@ -46,7 +46,7 @@ GROUP_FIELDS = [
 ]
 SITE_FIELDS = [("line", 0, 4), ("function", 4, 60), ("file", 64, 192)]
 LOADER_FIELDS = [
-    ("site", 0, 4), ("_pad", 4, 4), ("length", 8, 8), ("epochs", 16, 8), ("time", 24, 8), ("step", 32, 8),
+    ("site", 0, 4), ("user_site", 4, 4), ("length", 8, 8), ("epochs", 16, 8), ("time", 24, 8), ("step", 32, 8),
     ("_reserved", 40, 24),
 ]
 SEQ_CLOCK_FIELDS = [("t", 0, 8), ("seq", 8, 8), ("group", 16, 2), ("_pad", 18, 6)]

@@ -202,6 +202,28 @@ def test_same_shuffle_judges_a_sampler_over_every_line_that_iterates_it():
     assert f is not None and f.ranks == [0, 1] and "set_epoch" in f.summary
 
 
+def test_loaders_behind_one_library_line_are_compared_per_users_line():
+    # Accelerate iterates every loader at one line of its own: rank 0 alone evaluating (4 batches) while
+    # the others train (16) is not a loader of different lengths.
+    from dtwatch.diagnose.warn import uneven_loader_warnings
+
+    states, now = healthy()
+    lib = {"file": "/venv/lib/python3.11/site-packages/accelerate/data_loader.py", "line": 583,
+           "function": "__iter__"}
+
+    def loader(index: int, length: int, user_line: int) -> dict:
+        return {"index": index, "site": lib, "length": length, "epochs": 1, "time": now, "step": 0,
+                "user_site": {"file": "train.py", "line": user_line, "function": "main"}}
+
+    for s in states:
+        s.loaders = [loader(0, 16, 22)]
+    states[0].loaders.append(loader(1, 4, 29))
+    assert uneven_loader_warnings(states, now) == []
+    states[1].loaders[0]["length"] = 12
+    (w,) = uneven_loader_warnings(states, now)
+    assert w.ranks == [1] and "train.py:22" in w.summary and "(iterated in " in w.summary
+
+
 def test_drop_last_differing_on_one_rank_is_an_uneven_iterations_warning():
     states, now = healthy()
     assert drop_last_differs(states, now) is None

@@ -60,7 +60,8 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     elif waiting_txt:
         parts.append(waiting_txt)
     if loader:
-        parts.append(f"the DataLoader iterated at {ctx.fmt(loader['site'])} has different lengths per rank: "
+        where = loader.get("user_site") or loader["site"]
+        parts.append(f"the DataLoader iterated at {ctx.fmt(where)} has different lengths per rank: "
                      + ", ".join(f"rank {r}: {n}" for r, n in loader["lengths"].items()))
     elif fewer:
         parts.append("steps so far: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(ctx.steps.items())))
@@ -71,7 +72,7 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
         if branch:
             parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
     if loader:
-        root = loader["site"]
+        root = loader.get("user_site") or loader["site"]
     elif exits and loop_fact:
         root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
     elif loop_fact:

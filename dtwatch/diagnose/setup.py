@@ -24,6 +24,7 @@ from typing import Any
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.warn import loader_key
 
 SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts are final enough to compare
 
@@ -49,10 +50,11 @@ def loader_facts(states: list[RankState]) -> dict[LoaderKey, dict[int, tuple[dic
     """DataLoaders by loop line (or table position when no line is known): rank -> (facts, site)."""
     out: dict[LoaderKey, dict[int, tuple[dict, dict | None]]] = defaultdict(dict)
     for s in states:
-        sites = {str(ld.get("index")): ld.get("site") for ld in s.loaders}
+        by_slot = {str(ld.get("index")): ld for ld in s.loaders}
         for slot, facts in (s.setup.get("loaders") or {}).items():
-            site = sites.get(str(slot))
-            key = _site_key(site) or ("#loader", str(slot))
+            ld = by_slot.get(str(slot))
+            site = (ld.get("user_site") or ld.get("site")) if ld else None
+            key = loader_key(ld) if ld and ld.get("site") else ("#loader", str(slot))
             out[key][s.rank] = (facts, site)
     return out
 
@@ -254,7 +256,7 @@ def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
                                                                   v[1] is not None else "")
                  for r, v in values.items()}
         lengths = {str(s.rank): ld.get("length") for s in states if s.rank in per_rank for ld in s.loaders
-                   if (_site_key(ld.get("site")) or ("#loader", str(ld.get("index")))) == key}
+                   if (loader_key(ld) if ld.get("site") else ("#loader", str(ld.get("index")))) == key}
         return _finding(
             Kind.UNEVEN_ITERATIONS, "drop_last", ranks,
             f"the DataLoader at {fmt_site(site)} has different drop_last settings across ranks "

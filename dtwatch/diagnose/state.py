@@ -272,7 +272,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         main_stack=[s.to_dict() for s in snap.main_stack],
         loaders=[
             {"index": ld.index, "site": _site(ld.site), "length": ld.length, "epochs": ld.epochs,
-             "time": ld.time, "step": ld.step}
+             "time": ld.time, "step": ld.step, "user_site": _site(ld.user_site)}
             for ld in snap.loaders
         ],
         last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,

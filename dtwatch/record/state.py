@@ -96,7 +96,7 @@ class Recorder:
         self.pending = PendingWork()  # async work without a future, polled off the training thread
         self.tls = ThreadState()
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
-        self.loader_index: dict[int, tuple[int, int]] = {}  # site -> (loader slot, epochs)
+        self.loader_index: dict[tuple[int, int], tuple[int, int]] = {}  # (site, user site) -> (slot, epochs)
         self.sampler: Sampler | None = None
         self.signal_files = SignalFiles()
         self.warned = False
@@ -313,13 +313,18 @@ class Recorder:
             length = -1
         frame = self.sites.code_frame(sys._getframe(2))  # the loop iterating it, a library's included
         site = self.sites.frame_site(frame) if frame is not None else 0
-        slot, epochs = self.loader_index.get(site, (-1, 0))
+        # A library's loop (Accelerate's DataLoaderShard.__iter__) iterates every loader of the job: the
+        # user's line that led there tells the training loader from the validation one.
+        user = self.sites.user_frame(frame)
+        user_site = self.sites.frame_site(user) if user is not None and user is not frame else 0
+        del frame, user
+        slot, epochs = self.loader_index.get((site, user_site), (-1, 0))
         if slot < 0:
-            slot = self.ring.add_loader(site)
+            slot = self.ring.add_loader(site, user_site)
             if slot < 0:
                 return -1
-        self.loader_index[site] = (slot, epochs + 1)
-        self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step)
+        self.loader_index[(site, user_site)] = (slot, epochs + 1)
+        self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step, user_site)
         return slot
 
     # -- calls that complete after they return -------------------------------------------------------

@@ -223,7 +223,9 @@ SITE_SIZE = SITE.size
 
 # One per DataLoader this rank iterated.
 LOADER = Layout(
-    Field("site", "I"), Field("_pad", "x", 4), Field("length", "q"),  # length: -1 when unknown
+    Field("site", "I"),  # the loop iterating it (a library's included)
+    Field("user_site", "I"),  # the user's line that led there, when the loop is a library's (0: none, or older)
+    Field("length", "q"),  # -1 when unknown
     Field("epochs", "Q"), Field("time", "d"), Field("step", "Q"),  # epochs started; time and step of the latest
     Field("_reserved", "x", 24),
 )

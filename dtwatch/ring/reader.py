@@ -86,11 +86,12 @@ class GroupInfo:
 @dataclass(frozen=True)
 class LoaderInfo:
     index: int
-    site: Site | None
+    site: Site | None  # the loop iterating it (a library's included)
     length: int
     epochs: int
     time: float
     step: int
+    user_site: Site | None = None  # the user's line that led to a library's loop (None: the loop is the user's)
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,8 @@ def read_ring(path: str | os.PathLike, data: bytes | None = None) -> RankSnapsho
     loaders = []
     for i in range(n_loaders):
         lo = LOADER.unpack(data, st["loaders_off"] + i * LOADER_SIZE)
-        loaders.append(LoaderInfo(i, site_of(lo["site"]), lo["length"], lo["epochs"], lo["time"], lo["step"]))
+        loaders.append(LoaderInfo(i, site_of(lo["site"]), lo["length"], lo["epochs"], lo["time"], lo["step"],
+                                  site_of(lo["user_site"])))
 
     valid = _valid_records(np.frombuffer(data, dtype=RECORD_DTYPE, count=capacity, offset=st["records_off"]))
     if version == 1:

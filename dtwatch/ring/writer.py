@@ -186,19 +186,20 @@ class RingWriter:
             self._write_counts()
             return idx + 1
 
-    def add_loader(self, site: int) -> int:
+    def add_loader(self, site: int, user_site: int = 0) -> int:
         with self._lock:
             if self.n_loaders >= self.loaders_cap:
                 return -1
             idx = self.n_loaders
-            self.set_loader(idx, site, -1, 0, 0.0, 0)
+            self.set_loader(idx, site, -1, 0, 0.0, 0, user_site)
             self.n_loaders += 1
             self._write_counts()
             return idx
 
-    def set_loader(self, idx: int, site: int, length: int, epochs: int, when: float, step: int) -> None:
-        LOADER.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE, site=site, length=length, epochs=epochs,
-                         time=when, step=step)
+    def set_loader(self, idx: int, site: int, length: int, epochs: int, when: float, step: int,
+                   user_site: int = 0) -> None:
+        LOADER.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE, site=site, user_site=user_site,
+                         length=length, epochs=epochs, time=when, step=step)
 
     def _write_counts(self) -> None:
         COUNTS.pack_into(self.mm, OFF_COUNTS, self.n_groups, self.n_sites, self.n_loaders, self.members_used)

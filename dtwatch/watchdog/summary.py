@@ -136,7 +136,7 @@ def encode_states(node: str, states: list[RankState], now: float, *, heartbeats:
             sites.ref(s.main_top_site),
             _t(s.main_site_since, now), [sites.ref(f) for f in s.main_stack[:MAIN_STACK_KEPT]],
             [[ld.get("index"), sites.ref(ld.get("site")), ld.get("length"), ld.get("epochs"),
-              _t(ld.get("time") or 0.0, now), ld.get("step")] for ld in s.loaders],
+              _t(ld.get("time") or 0.0, now), ld.get("step"), sites.ref(ld.get("user_site"))] for ld in s.loaders],
             _t(s.last_activity, now), s.stack_signal, s.device_index, s.gpu_uuid,
             [_t(t, now) for t in s.step_times[-STEP_HISTORY_KEPT:]], s.step_seqs[-STEP_HISTORY_KEPT:],
             groups, [_call(c, sites, now) for c in s.open_calls], s.setup or None,
@@ -195,7 +195,8 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
             main_top_site=_deref(table, top_i), main_site_since=_ut(since, base),
             main_stack=[s for s in (_deref(table, i) for i in stack) if s is not None],
             loaders=[{"index": idx, "site": _deref(table, si), "length": length, "epochs": epochs,
-                      "time": _ut(t, base), "step": lstep} for idx, si, length, epochs, t, lstep in loaders],
+                      "time": _ut(t, base), "step": lstep, "user_site": _deref(table, user[0]) if user else None}
+                     for idx, si, length, epochs, t, lstep, *user in loaders],
             last_activity=_ut(last_activity, base), stack_signal=stack_signal, device_index=device_index,
             gpu_uuid=gpu_uuid, ring_path="", step_times=[_ut(t, base) for t in step_times], step_seqs=list(step_seqs),
             setup=setup or {},
