@@ -54,7 +54,7 @@ def loader_facts(states: list[RankState]) -> dict[LoaderKey, dict[int, tuple[dic
         for slot, facts in (s.setup.get("loaders") or {}).items():
             ld = by_slot.get(str(slot))
             site = (ld.get("user_site") or ld.get("site")) if ld else None
-            key = loader_key(ld) if ld and ld.get("site") else ("#loader", str(slot))
+            key = loader_key(ld) if ld else ("#loader", str(slot))
             out[key][s.rank] = (facts, site)
     return out
 
@@ -203,15 +203,16 @@ def _why_same(f: dict) -> str:
             "data; use a distributed sampler")
 
 
-def _sampler_epochs(state: RankState) -> dict[Any, tuple[set[tuple], bool]]:
-    """Per sampler object of one rank (facts ``sid``; each loader on its own where absent): the (seed,
-    epoch) pairs noted at every line it was iterated, and whether each line started it at least twice."""
-    out: dict[Any, tuple[set[tuple], bool]] = {}
-    for slot, f in (state.setup.get("loaders") or {}).items():
-        key = f.get("sid") if f.get("sid") is not None else ("#slot", slot)
-        seen, every_line_twice = out.get(key, (set(), True))
-        seen |= {tuple(e) for e in f.get("epochs") or []}
-        out[key] = (seen, every_line_twice and int(f.get("iters") or 0) >= 2)
+def _sampler_epochs(state: RankState) -> dict[int, tuple[set[tuple], bool]]:
+    """Per sampler object of one rank (facts ``sid``): the (seed, epoch) pairs noted at every line it was
+    iterated, and whether each line started it at least twice."""
+    out: dict[int, tuple[set[tuple], bool]] = {}
+    for f in (state.setup.get("loaders") or {}).values():
+        if f.get("sid") is None:
+            continue
+        seen, every_line_twice = out.get(f["sid"], (set(), True))
+        out[f["sid"]] = (seen | {tuple(e) for e in f.get("epochs") or []},
+                         every_line_twice and int(f.get("iters") or 0) >= 2)
     return out
 
 
@@ -256,7 +257,7 @@ def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
                                                                   v[1] is not None else "")
                  for r, v in values.items()}
         lengths = {str(s.rank): ld.get("length") for s in states if s.rank in per_rank for ld in s.loaders
-                   if (loader_key(ld) if ld.get("site") else ("#loader", str(ld.get("index")))) == key}
+                   if loader_key(ld) == key}
         return _finding(
             Kind.UNEVEN_ITERATIONS, "drop_last", ranks,
             f"the DataLoader at {fmt_site(site)} has different drop_last settings across ranks "

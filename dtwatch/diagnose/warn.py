@@ -16,7 +16,7 @@ def loader_key(ld: dict) -> tuple:
     library's loop iterates all of a job's loaders), or the same slot when no line is known."""
     site, user = ld.get("site"), ld.get("user_site")
     if not site:
-        return ("#loader", ld.get("index"))
+        return ("#loader", str(ld.get("index")))
     return (site["file"], site["line"]) + ((user["file"], user["line"]) if user else ())
 
 
