@@ -215,7 +215,7 @@ class SimNode:
         self.log: list[tuple[float, int, int]] = []  # per exchange: (time, requests, bytes)
         self.rec: dict[str, Any] = {"log": self.log, "verdict": None, "rounds": [], "published": None,
                                     "partial": None, "errors": 0, "error": "", "role": "", "term": 0,
-                                    "read_verdict": None, "own": None}
+                                    "read_verdict": None, "own": None, "incident": None}
         self.phase = random.Random(n).random() * POLL
         self.ex: Exchange | None = None
         self.old: OldExchange | None = None
@@ -261,8 +261,8 @@ class SimNode:
         leading = self.lead or ex.role == AGGREGATOR  # node 0 diagnoses every poll; so does whoever took over
         due = now - ex.last >= INTERVAL
         if leading or due or (ex.suspect and now - ex.last_read >= INTERVAL / 4):
-            if leading or due or not self.local:
-                self.local = self.job.states(self.n, now)  # a read between exchanges uses only the ranks' numbers
+            if leading or due or ex.suspect or not self.local:
+                self.local = self.job.states(self.n, now)  # a read between exchanges may publish (asked to)
             r0, b0 = self._traffic()
             view = ex.step(self.local, now, window=self.cfg.window, incident=self.incident)
             if view is not None:
@@ -279,7 +279,8 @@ class SimNode:
                     # progress. Simulated followers do not run it (a thousand of them on one core would be the
                     # bottleneck); the tests check that it names the hung rank from exactly this.
                     if (self.rec["own"] is None and head.suspect and self.cfg.culprit in head.body_ranks
-                            and ex.body_seq == head.body and now >= head.time - head.quiet + self.cfg.window):
+                            and ex.body_seq == head.body and now >= head.time - head.quiet + self.cfg.window
+                            and not ex.settling(now)):
                         self.rec["own"] = time.time()
                 first = [t for t in (self.rec["read_verdict"], self.rec["own"]) if t is not None]
                 if first and self.rec["verdict"] is None:
@@ -332,16 +333,24 @@ class SimNode:
 
     def _diagnose(self, now: float) -> None:
         """What the watchdog does every poll with its ranks and the others'."""
-        from dtwatch.diagnose import diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+        from dtwatch.diagnose import FileEvidence, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
         from dtwatch.report.bundle import incident_id
+        from dtwatch.watchdog.incident import Step, next_step
 
         states = sorted(self.local + self.remote, key=lambda s: s.rank)
-        result = diagnose(states, now, self.cfg.window)
+        head = self.ex.head if self.ex is not None else None
+        sampled = head is not None and head.want is not None  # as the watchdog's Peers tells its diagnosis
+        result = diagnose(states, now, self.cfg.window, FileEvidence(sampled=sampled))
         straggler_warning(entry_lags(states), now)
         uneven_loader_warnings(states, now)
-        if self.incident is None and result.stalled and result.findings:
+        settling = self.ex is not None and self.ex.settling(now)
+        if self.incident is None and \
+                next_step(None, result, states, now, self.cfg.window, view_settling=settling) is Step.OPEN:
             self.incident = {"id": incident_id(result.findings[0], states), "verdict": "stall",
                              "findings": result.findings}
+            first = result.findings[0]
+            self.rec["incident"] = {"time": time.time(), "kind": str(first.kind), "ranks": first.ranks[:16],
+                                    "summary": first.summary[:400], "view_ranks": len(states)}
             if self.ex is not None and any(self.cfg.culprit in f.ranks for f in result.findings):
                 self.rec["verdict"] = self.rec["verdict"] or time.time()
                 self.rec["read_verdict"] = self.rec["read_verdict"] or time.time()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.diagnose import RecordedEvidence, diagnose, diagnose_fixture
+from dtwatch.diagnose import FileEvidence, RecordedEvidence, diagnose, diagnose_fixture
 from dtwatch.diagnose.state import RankState
 from dtwatch.report.capture import load_fixture
 from dtwatch.watchdog.aggregate import (
@@ -262,6 +262,55 @@ def test_the_shipped_ranks_keep_the_diagnosis_of_a_large_job(name: str) -> None:
 
 
 # -- the view's head, the cadence ---------------------------------------------------------------------
+def _hung_job_states(culprit: int = 43) -> tuple[SimJob, list[RankState], float]:
+    job = SimJob(16, t0=1000.0)
+    job.hang(culprit, 1020.0)
+    now = job.hang_time + 11
+    return job, [s for n in range(job.nodes) for s in job.states(n, now)], now
+
+
+def test_a_view_without_the_culprit_blames_none_of_its_peers() -> None:
+    """Rank 43 hangs in its DataLoader; its 7 tensor-parallel peers wait for it in an all_gather, every other
+    rank in the gradient all_reduce. A view without rank 43's state (not shipped, or not yet) must not name a
+    peer that waits for it as the rank that skipped the all_reduce: the chain of waits ends at rank 43, and
+    what it does is not known."""
+    _job, states, now = _hung_job_states()
+    full = diagnose(copy.deepcopy(states), now, 10.0).findings
+    assert [(f.kind, f.ranks) for f in full] == [("stuck_outside_collective", [43])]
+    view = [s for s in states if s.rank != 43]
+    for sampled, says in ((False, "was never seen"), (True, "is not in this node's view")):
+        got = diagnose(copy.deepcopy(view), now, 10.0, FileEvidence(sampled=sampled)).findings
+        assert [(f.kind, f.ranks, f.op, f.group) for f in got] == \
+            [("stalled_collective", [], "all_gather_into_tensor", "6")]
+        text = got[0].summary
+        assert "ranks 0-39,48-127 wait in all_reduce (group 0, seq 83)" in text
+        assert "for ranks 40-42,44-47, which are inside all_gather_into_tensor (group 6, seq 83)" in text
+        assert f"rank 43 of the job (world size 128) {says}" in text and "skipped" not in text
+        assert got[0].details["unseen_ranks"] == [43]
+    # The whole node missing: the all_reduce waits for ranks nobody sees.
+    got = diagnose([s for s in states if s.rank // 8 != 5], now, 10.0).findings
+    assert [(f.kind, f.ranks, f.op) for f in got] == [("stalled_collective", [], "all_reduce")]
+    assert got[0].details["unseen_ranks"] == list(range(40, 48))
+
+
+def test_a_subgroup_collective_everyone_joined_is_the_stall_not_a_skipped_call() -> None:
+    """Every member of group 6 is inside its all_gather (none missing) and the rest of the job waits for them
+    in the all_reduce: that collective is not completing. No member skipped the all_reduce: it has not got
+    there yet."""
+    _job, states, now = _hung_job_states()
+    by_rank = {s.rank: s for s in states}
+    peer, culprit = by_rank[42], by_rank[43]
+    culprit.open_calls, culprit.groups = copy.deepcopy(peer.open_calls), copy.deepcopy(peer.groups)
+    culprit.main_site = culprit.main_top_site = peer.main_site
+    culprit.main_stack, culprit.main_site_since = peer.main_stack, peer.main_site_since
+    got = diagnose(states, now, 10.0).findings
+    assert [(f.kind, f.ranks, f.op, f.group, f.seq) for f in got] == \
+        [("stalled_collective", [], "all_gather_into_tensor", "6", 83)]
+    assert "every member of group 6 has joined that call and none is missing" in got[0].summary
+    assert got[0].waiting_ranks == list(range(128))  # every rank is blocked, none deviates
+    assert got[0].details["blocked_behind"]["op"] == "all_reduce"
+
+
 def test_head_round_trip_and_verdict() -> None:
     from dtwatch.diagnose import Finding
 

@@ -126,6 +126,47 @@ def test_a_large_job_ships_ranks_only_once_it_stands_still(store):
         _close(exchanges)
 
 
+def test_a_hung_large_job_ships_only_states_published_since_it_was_asked(store):
+    """Every node publishes its state once at its start, before the first head says the view does not want it.
+    Once the job hangs, the aggregator must not ship those old states (the ranks where they were back then): it
+    ships a node's state only when published with its latest digest, lists the chosen ranks it does not hold
+    yet as pending (a watchdog waits for them before it opens an incident), and a node asked for its state
+    publishes it as soon as it reads the head."""
+    job = SimJob(FULL_VIEW_RANKS // RANKS_PER_NODE + 2, period=0.2, t0=time.time() - 5)
+    exchanges = _nodes(store, job, "fresh")
+    window = 3.0
+    try:
+        _run(exchanges, job, 6 * INTERVAL, window=window)  # the start-up states are seconds old now
+        agg = next(ex for ex in exchanges if ex.role == AGGREGATOR)
+        culprit = (job.nodes - 1) * RANKS_PER_NODE + 5
+        job.hang(culprit, time.time())
+        pending_seen, complete = False, None
+        end = job.hang_time + window + 4 * INTERVAL
+        while time.time() < end:
+            views: dict = {}
+            _round(exchanges, job, views, window=window)
+            for view in views.values():
+                head = view.head
+                if head is None or not head.body_ranks:
+                    continue
+                shipped = {s.rank: s for s in view.remote_states()} if view.states is None else \
+                    {s.rank: s for s in view.states}
+                # Every state shipped after the hang was taken after it: in the step the job hangs in.
+                stale = sorted(r for r, s in shipped.items() if s.step < job.hang_step)
+                assert not stale, f"states from before the hang shipped: ranks {stale}"
+                pending_seen |= bool(head.pending)
+                if culprit in head.body_ranks and not head.pending and complete is None:
+                    complete = time.time()
+            time.sleep(0.05)
+        assert complete is not None, "the view never held the hung rank with nothing pending"
+        assert agg.head is not None and not agg.head.pending and not agg.settling(time.time())
+        # hang -> suspect (window / 4) -> head asks -> the node answers at once -> the next round ships it
+        assert complete - job.hang_time < window / 4 + 3 * INTERVAL + 1.0
+        assert pending_seen or complete - job.hang_time < window / 4 + INTERVAL
+    finally:
+        _close(exchanges)
+
+
 def test_a_follower_takes_over_within_two_intervals_when_the_aggregator_stops(store):
     job = SimJob(3, period=0.2, t0=time.time() - 5)
     exchanges = _nodes(store, job, "takeover")

@@ -99,6 +99,10 @@ def test_the_state_machine(tmp_path):
     quiet = Diagnosis(False, [], stalled.check, now)
     assert next_step(None, None, states, now, window) is Step.NOTHING
     assert next_step(None, stalled, states, now, window) is Step.OPEN
+    # The cross-node view still lacks ranks chosen for it: a stall waits for them, a crash does not.
+    assert next_step(None, stalled, states, now, window, view_settling=True) is Step.EARLY_DUMPS  # not OPEN
+    crashed = dataclasses.replace(stalled, ended=True)
+    assert next_step(None, crashed, states, now, window, view_settling=True) is Step.OPEN
     # Blocked for more than half the window but not yet stalled: dump the Flight Recorder early.
     assert stalled.check is not None and stalled.check.blocked
     early = now - stalled.check.last_progress

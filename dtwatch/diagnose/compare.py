@@ -128,17 +128,11 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.issued)
     world = max(s.world_size for s in ctx.states)
-    progress = ctx.by_rank[p.rank].groups.get(p.issued.group)
-    members = ctx.members(p.rank, p.issued.group) if progress and progress.members else range(world)
-    unseen = sorted(set(members) - set(ctx.by_rank))
+    unseen = _unseen_members(ctx, p.rank, p.issued)
     if unseen:
         seen = sorted(ctx.by_rank)
         parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
-                 f"{describe(p.issued)} at {ctx.fmt(site)}",
-                 f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: "
-                 "no ring "
-                 "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
-                 f"{'it' if len(unseen) == 1 else 'they'} issued this call is not known"]
+                 f"{describe(p.issued)} at {ctx.fmt(site)}", _never_seen(ctx, unseen, world)]
     else:
         parts = [f"all ranks are inside {describe(p.issued)} at {ctx.fmt(site)} and none is missing",
                  "the collective itself is not completing (network, transport, or a peer outside this job)"]
@@ -147,6 +141,64 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
         op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=ctx.site(site),
         details={"unseen_ranks": unseen}, **fields,
     )]
+
+
+def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
+    """Members of ``call``'s group (its peer, for p2p) that dtwatch has no state of."""
+    if call.op in P2P and call.peer is not None and call.peer >= 0:
+        members: list[int] | range = [call.peer]
+    else:
+        progress = ctx.by_rank[rank].groups.get(call.group)
+        world = max(s.world_size for s in ctx.states)
+        members = ctx.members(rank, call.group) if progress and progress.members else range(world)
+    return sorted(set(members) - set(ctx.by_rank))
+
+
+def _never_seen(ctx: Context, unseen: list[int], world: int) -> str:
+    """Why there is no state of ``unseen``, and what that leaves unknown."""
+    pronoun = "it" if len(unseen) == 1 else "they"
+    if ctx.ev.sampled_view():
+        return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
+                "node's view (a job this large exchanges only the ranks that stand out and a sample of the others), "
+                f"so whether {pronoun} issued this call is not known here")
+    return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: no ring "
+            "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
+            f"{pronoun} issued this call is not known")
+
+
+def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: Call,
+                  waiting: list[int]) -> Finding | None:
+    """``waiters`` wait in ``call`` for rank ``m``, which is itself blocked in ``m_call`` where no rank
+    dtwatch sees is missing. ``m`` is then a victim like the waiters, not a rank that skipped ``call``:
+    the chain of waits ends at ``m_call``, either at members dtwatch has not seen (what they do is not
+    known) or at a collective every member joined that is not completing. None when ``m`` waits for a
+    rank dtwatch sees (that rank, or ``m``, deviated: the caller decides)."""
+    if any(r in ctx.by_rank for r in ctx.missing(m, m_call)):
+        return None
+    unseen = _unseen_members(ctx, m, m_call)
+    inner = sorted(r for r, q in ctx.pos.items() if q.call is not None and q.issued.group == m_call.group
+                   and q.issued.seq == m_call.seq and q.issued.op == m_call.op) or [m]
+    world = max(s.world_size for s in ctx.states)
+    site = ctx.user_site(waiters[0], call)
+    m_site = ctx.user_site(m, m_call)
+    absent = ctx.missing(waiters[0], call)
+    fields, _ = ctx.waiting(waiting)
+    head = (f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)} for "
+            f"{fmt_ranks(absent)}, which {verb(inner, 'is', 'are')} inside {describe(m_call)} at {ctx.fmt(m_site)}")
+    if unseen:
+        parts = [head, f"every member of that call dtwatch sees has joined it; {_never_seen(ctx, unseen, world)}",
+                 "the rank that holds the job up is among them, or the call itself is not completing"]
+    else:
+        parts = [head, f"every member of group {m_call.group} has joined that call and none is missing",
+                 "that collective itself is not completing (network, transport, or a peer outside this job), "
+                 "and the others wait behind it"]
+    return Finding(
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
+        op=m_call.op, group=m_call.group, seq=m_call.seq, site=ctx.site(m_site),
+        details={"unseen_ranks": unseen, "blocked_behind": {"op": call.op, "group": call.group, "seq": call.seq,
+                                                            "site": ctx.site(site), "ranks": waiters}},
+        **fields,
+    )
 
 
 def sides_at(ctx: Context, here: list[Position]) -> dict[tuple, list[Position]]:
@@ -371,6 +423,10 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
     if pm is not None and m_call is not None:
         # The missing rank waits after the loop the waiter is still in: it ran fewer iterations.
         f = uneven(ctx, [m], [r for r in waiting if r != m], positions_known=True, inside=[p], side=[pm])
+        if f:
+            return f
+        # It waits for no rank dtwatch sees: it is not the deviant (it has not reached the call yet).
+        f = _waits_behind(ctx, call, sorted({q.rank for q, mm in edges if mm == m}), m, m_call, waiting)
         if f:
             return f
     g = ctx.by_rank[m].groups.get(call.group)

@@ -216,20 +216,22 @@ class Context:
         )
         if not ranks:
             return fields, ""
+        # A sample of a large job: the others (not shipped to this node) are not known to wait, or not to.
+        names = fmt_ranks(ranks) + (" (of the ranks in this node's view)" if self.ev.sampled_view() else "")
         if first is None:
-            return fields, f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for it"
+            return fields, f"{names} {verb(ranks, 'waits', 'wait')} for it"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
         returned = first.issued.is_async and first.issued.in_flight  # NCCL's model: the rank waits elsewhere
-        text = f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
+        text = f"{names} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
         if returned:
-            text = (f"{fmt_ranks(ranks)} {verb(ranks, 'waits', 'wait')} for {describe(first.call)}, issued at "
+            text = (f"{names} {verb(ranks, 'waits', 'wait')} for {describe(first.call)}, issued at "
                     f"{self.fmt(site)}")
             waits_at = self.by_rank[first.rank].main_site
             if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.issued.user_site_key:
                 text += f", at {self.fmt(waits_at)}"
         if len(where) > 1:
-            text = f"{fmt_ranks(ranks)} wait, the first in {describe(first.call)} at {self.fmt(site)}"
+            text = f"{names} wait, the first in {describe(first.call)} at {self.fmt(site)}"
         return fields, text
 
     def how_it_ended(self, s: RankState) -> str:

@@ -56,6 +56,12 @@ class Evidence:
     def display_path(self, path: str) -> str:
         return path
 
+    def sampled_view(self) -> bool:
+        """Whether the states are a sample of a large job's ranks (the cross-node exchange ships only the
+        ranks that stand out and exemplars of the others): a rank without a state then exists, it was
+        just not shipped to this node."""
+        return False
+
 
 class FileEvidence(Evidence):
     """Evidence from this machine: source files, lint, and whatever the watchdog collected."""
@@ -66,8 +72,10 @@ class FileEvidence(Evidence):
         stacks: Callable[[int], list[dict] | None] | None = None,
         flight_records: dict[int, dict] | None = None,
         endings: Callable[[int], dict | None] | None = None,
+        sampled: bool = False,
     ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
+        self._sampled = sampled
         self._stacks = stacks
         self._fr = flight_records or {}
         self._endings = endings
@@ -110,6 +118,9 @@ class FileEvidence(Evidence):
         if path and os.path.isabs(path) and path.startswith(self.cwd + os.sep):
             return os.path.relpath(path, self.cwd)
         return path
+
+    def sampled_view(self) -> bool:
+        return self._sampled
 
 
 class RecordedEvidence(Evidence):

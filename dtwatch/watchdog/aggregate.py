@@ -136,6 +136,9 @@ class ViewHead:
     # The body ranks' latest heartbeats (aligned with body_ranks): a hung job's body does not change, only
     # its heartbeats do, and every node reads the head anyway.
     beats: list[float] = field(default_factory=list)
+    # Ranks chosen for the body whose node has not yet published a state as fresh as its digest (it does at
+    # its next exchange): until the body holds them, a diagnosis of the view is not yet on what was chosen.
+    pending: list[int] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -50,6 +50,7 @@ from dtwatch.watchdog.summary import (
 log = logging.getLogger("dtwatch")
 
 BATCH = 256  # keys per multi_get
+SETTLE_INTERVALS = 3  # how long a view that lacks chosen ranks is waited for, in exchange intervals
 AGGREGATOR, FOLLOWER = "aggregator", "follower"
 
 
@@ -228,6 +229,7 @@ class Exchange:
         self.body_out = 0
         self.body_sent = b""
         self.skipped_formats = 0
+        self.pending_since: float | None = None  # when the view's head first said it lacks chosen ranks
 
     # -- keys ---------------------------------------------------------------------------------------
     def _k(self, name: str) -> str:
@@ -247,6 +249,18 @@ class Exchange:
     def stats(self) -> StoreStats:
         return self.client.stats
 
+    def settling(self, now: float) -> bool:
+        """Whether the view still lacks ranks the aggregator chose for it, and has for less than
+        :data:`SETTLE_INTERVALS` exchange intervals (their nodes publish at their next exchange; one that
+        does not by then is not coming soon, and the view is taken as it is)."""
+        return self.pending_since is not None and now - self.pending_since < SETTLE_INTERVALS * self.interval
+
+    def _track_pending(self, now: float) -> None:
+        if not (self.head is not None and self.head.pending):
+            self.pending_since = None
+        elif self.pending_since is None:
+            self.pending_since = now
+
     # -- one exchange -------------------------------------------------------------------------------
     def step(self, local: list[RankState], now: float, *, window: float, incident: dict | None = None,
              warnings: Iterable[Any] = ()) -> View | None:
@@ -255,17 +269,28 @@ class Exchange:
         between its exchanges (at every poll, at most four times an interval), so that what it needs reaches
         it sooner. Returns None when it was not time. Store errors propagate (the caller warns once); the
         next exchange starts over (the store may have been restarted)."""
+        view = self._step(local, now, window=window, incident=incident, warnings=warnings)
+        if view is not None:
+            self._track_pending(now)
+        return view
+
+    def _step(self, local: list[RankState], now: float, *, window: float, incident: dict | None = None,
+              warnings: Iterable[Any] = ()) -> View | None:
+        """One exchange, if due (see :meth:`step`)."""
         verdict = verdict_of(incident)
         busy = any(s.open_calls for s in local) or incident is not None or self.suspect
         changed = self.role == AGGREGATOR and verdict != self.published_verdict
-        due = now - self.last >= exchange_interval(self.interval, busy=busy) or changed
+        # The aggregator reads again soon while its view lacks chosen ranks (their nodes publish them as soon as
+        # they read the head that asks for them).
+        filling = self.role == AGGREGATOR and self.pending_since is not None and now - self.last >= self.interval / 2
+        due = now - self.last >= exchange_interval(self.interval, busy=busy) or changed or filling
         peek = self.role == FOLLOWER and self.suspect and self.view_ready and now - self.last_read >= self.interval / 4
         if not (due or peek):
             return None
         self.last_read = now
         try:
             if not due:
-                view = self._follow(local)  # the head (and a changed body) only
+                view = self._follow_and_answer(local, now)  # the head (and a changed body) only
                 if self.role == FOLLOWER:
                     return view
                 # it has just taken the lease over: publish and aggregate now
@@ -275,7 +300,7 @@ class Exchange:
                 log.info("dtwatch: another node took over the aggregation of %s; following it", self.job_id)
                 self._follow_from_now()
             if self.role == FOLLOWER:
-                view = self._follow(local)
+                view = self._follow_and_answer(local, now)
                 if self.role == FOLLOWER:
                     return view
             return self._aggregate(local, now, window, verdict, warnings)
@@ -316,7 +341,7 @@ class Exchange:
     def _publish(self, local: list[RankState], now: float) -> None:
         if self.index is None:
             self.index = self.client.add(self._k("nodes"), 1) - 1
-        if self.want_me and self.role == FOLLOWER:  # the aggregator reads its own ranks directly
+        if self._state_wanted(local):
             state = encode_states(self.node, local, now)
             self.state_time = now
             self.own_digest = digest(self.node, local, now, state_time=now)
@@ -324,6 +349,15 @@ class Exchange:
         else:
             self.own_digest = digest(self.node, local, now, state_time=self.state_time)
             self.client.set(self._digest_key(self.index), self.own_digest)
+
+    def _state_wanted(self, local: list[RankState]) -> bool:
+        """Whether this node publishes its ranks' state with its digest. A follower: while the view asks for it.
+        The aggregator reads its own ranks directly, but publishes them while the view holds them too, so that a
+        node taking over from it has them as fresh as its last digest."""
+        if self.role == FOLLOWER:
+            return self.want_me
+        head = self.head
+        return head is None or head.want is None or not {s.rank for s in local}.isdisjoint(head.body_ranks)
 
     def _follow(self, local: list[RankState]) -> View:
         lease_key, view_key = self._k("lease"), self._k("view")
@@ -349,6 +383,15 @@ class Exchange:
         elif head.body != self.body_seq:
             self.body, self.body_seq = self.client.get(self._k("body")), head.body
         return View(head, self.body, {s.rank for s in local})
+
+    def _follow_and_answer(self, local: list[RankState], now: float) -> View:
+        """Read the view; a head that now wants this node's state gets it at once (the aggregator's next round
+        reads it) rather than at this node's next exchange, an interval later."""
+        wanted = self.want_me
+        view = self._follow(local)
+        if self.role == FOLLOWER and self.want_me and not wanted:
+            self._publish(local, now)
+        return view
 
     def _maybe_take_over(self, raw_lease: bytes, *, prompt: bool) -> bool:
         """Claim the lease if it stood still for too long, on this node's monotonic clock. An answer that took
@@ -421,8 +464,10 @@ class Exchange:
         chosen = set(sel.ranks)
         full = sel.total <= FULL_VIEW_RANKS
         want = sorted({owner[r] for r in chosen if r in owner})
-        published = {i for i, nd in nodes.values() if nd.state_time is not None}
-        have = [i for i in want if i in published]
+        # Only a state published with the node's latest digest: a node publishes its state only while the view
+        # wants it, so an older one (from an earlier suspect spell) shows the ranks where they were back then.
+        fresh = {i for i, nd in nodes.values() if nd.state_time is not None and nd.state_time >= nd.time}
+        have = [i for i in want if i in fresh]
         remote: list[RankState] = []
         for blob in client.multi_get([self._state_key(i) for i in have], self.batch) if have else []:
             try:
@@ -443,6 +488,7 @@ class Exchange:
             blocked=sel.blocked, want=None if full else want, body=self.body_out if body else 0,
             body_ranks=[s.rank for s in body_states], verdict=verdict,
             beats=[round(s.heartbeat_time, 3) for s in body_states],
+            pending=sorted(chosen - {s.rank for s in body_states}),
         )
         if body and body != self.body_sent:
             client.multi_set([self._k("view"), self._k("body")], [head.encode(), body])

@@ -37,6 +37,8 @@ class Incident:
     window: float
     bundle: str
     """The bundle's directory (``incidents/<id>/<node>``)."""
+    sampled: bool = False
+    """The other nodes' ranks were a sample of a large job (see :meth:`dtwatch.diagnose.Evidence.sampled_view`)."""
 
     @property
     def local(self) -> list[RankState]:
@@ -105,13 +107,18 @@ class Step(Enum):
 
 
 def next_step(open_incident: OpenIncident | None, result: Diagnosis | None, states: list[RankState], now: float,
-              window: float) -> Step:
+              window: float, *, view_settling: bool = False) -> Step:
     """The incident state machine: open on a diagnosed stall or crash; close once the evidence is in and
-    ranks progressed after the detection (e.g. they were restarted); otherwise maybe dump early."""
+    ranks progressed after the detection (e.g. they were restarted); otherwise maybe dump early.
+
+    ``view_settling``: the cross-node view still lacks ranks chosen for it (see
+    :meth:`dtwatch.watchdog.exchange.Exchange.settling`). A stall is then not opened yet: an incident is
+    written once, and one opened on a partial view could name a victim for lack of the rank it waits for.
+    A crash is (its findings come from how ranks ended, not from comparing them)."""
     if result is None:
         return Step.NOTHING
     if open_incident is None:
-        if result.stalled and result.findings:
+        if result.stalled and result.findings and (result.ended or not view_settling):
             return Step.OPEN
         check = result.check
         if check is not None and check.blocked and now - check.last_progress > window / 2:

@@ -62,8 +62,9 @@ class LiveEvidence:
                         early.summaries[rank] = summary
         return dict(early.summaries)
 
-    def for_diagnosis(self, local: list[RankState]) -> FileEvidence:
-        """What one poll's diagnosis may look at (py-spy runs at most once per rank per poll)."""
+    def for_diagnosis(self, local: list[RankState], *, sampled: bool = False) -> FileEvidence:
+        """What one poll's diagnosis may look at (py-spy runs at most once per rank per poll); ``sampled``:
+        the other nodes' ranks are a sample of a large job (see :meth:`Evidence.sampled_view`)."""
         by_rank = {s.rank: s for s in local}
         stacks: dict[int, list[dict] | None] = {}
 
@@ -80,5 +81,5 @@ class LiveEvidence:
             s = by_rank.get(rank)
             return process_ending(self.run_dir, rank, s.start_time) if s is not None else None
 
-        return FileEvidence(stacks=stack, endings=ending,
+        return FileEvidence(stacks=stack, endings=ending, sampled=sampled,
                             flight_records=self.early_flight_records() if self.early.requests else None)

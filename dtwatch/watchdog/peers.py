@@ -26,6 +26,7 @@ class Peers:
         self.opts = opts
         self.on_error = on_error
         self.remote: list[RankState] = []
+        self.sampled = False  # the view is a sample of a large job's ranks (see aggregate.select_ranks)
         self.failed = False
         address = job_store_address(opts.store)
         self.store = (Exchange(address[0], address[1], opts.job_id, opts.node, interval=opts.store_interval,
@@ -42,12 +43,18 @@ class Peers:
             view = self.store.step(local, now, window=window, incident=_verdict_source(incident), warnings=warnings)
             if view is not None:
                 self.remote = view.remote_states()
+                if view.head is not None:
+                    self.sampled = view.head.want is not None
         except Exception as exc:  # noqa: BLE001 - retried at the next interval: the store may not be up yet
             if not self.failed:
                 log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",
                             self.store.host, self.store.port, exc)
             self.failed = True
             self.on_error("store")
+
+    def settling(self, now: float) -> bool:
+        """Whether the view still lacks other nodes' ranks it is about to hold (see :meth:`Exchange.settling`)."""
+        return self.store is not None and self.store.settling(now)
 
     def merge(self, local: list[RankState]) -> list[RankState]:
         """Every rank known: this node's as read now, the others' as last fetched."""
