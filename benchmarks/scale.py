@@ -333,14 +333,22 @@ class SimNode:
 
     def _diagnose(self, now: float) -> None:
         """What the watchdog does every poll with its ranks and the others'."""
-        from dtwatch.diagnose import FileEvidence, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+        from dtwatch.diagnose import (
+            FileEvidence,
+            ViewSample,
+            diagnose,
+            entry_lags,
+            straggler_warning,
+            uneven_loader_warnings,
+        )
         from dtwatch.report.bundle import incident_id
         from dtwatch.watchdog.incident import Step, next_step
 
         states = sorted(self.local + self.remote, key=lambda s: s.rank)
         head = self.ex.head if self.ex is not None else None
-        sampled = head is not None and head.want is not None  # as the watchdog's Peers tells its diagnosis
-        result = diagnose(states, now, self.cfg.window, FileEvidence(sampled=sampled))
+        # as the watchdog's Peers tells its diagnosis
+        sample = ViewSample(head.ranks, head.blocked) if head is not None and head.want is not None else None
+        result = diagnose(states, now, self.cfg.window, FileEvidence(sample=sample))
         straggler_warning(entry_lags(states), now)
         uneven_loader_warnings(states, now)
         settling = self.ex is not None and self.ex.settling(now)

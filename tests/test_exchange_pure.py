@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.diagnose import FileEvidence, RecordedEvidence, diagnose, diagnose_fixture
+from dtwatch.diagnose import FileEvidence, RecordedEvidence, ViewSample, diagnose, diagnose_fixture
 from dtwatch.diagnose.state import RankState
 from dtwatch.report.capture import load_fixture
 from dtwatch.watchdog.aggregate import (
@@ -278,8 +278,8 @@ def test_a_view_without_the_culprit_blames_none_of_its_peers() -> None:
     full = diagnose(copy.deepcopy(states), now, 10.0).findings
     assert [(f.kind, f.ranks) for f in full] == [("stuck_outside_collective", [43])]
     view = [s for s in states if s.rank != 43]
-    for sampled, says in ((False, "was never seen"), (True, "is not in this node's view")):
-        got = diagnose(copy.deepcopy(view), now, 10.0, FileEvidence(sampled=sampled)).findings
+    for sample, says in ((None, "was never seen"), (ViewSample(128, 127), "is not in this node's view")):
+        got = diagnose(copy.deepcopy(view), now, 10.0, FileEvidence(sample=sample)).findings
         assert [(f.kind, f.ranks, f.op, f.group) for f in got] == \
             [("stalled_collective", [], "all_gather_into_tensor", "6")]
         text = got[0].summary
@@ -291,6 +291,17 @@ def test_a_view_without_the_culprit_blames_none_of_its_peers() -> None:
     got = diagnose([s for s in states if s.rank // 8 != 5], now, 10.0).findings
     assert [(f.kind, f.ranks, f.op) for f in got] == [("stalled_collective", [], "all_reduce")]
     assert got[0].details["unseen_ranks"] == list(range(40, 48))
+
+
+def test_a_sampled_view_says_its_waiting_ranks_are_those_of_the_view() -> None:
+    """A node of a large job sees its own ranks and the shipped ones: the finding names the culprit and says
+    that the waiting ranks it lists are those of its view, with the job-wide count from the digests."""
+    _job, states, now = _hung_job_states()
+    view = [s for s in states if s.rank < 8 or 40 <= s.rank < 48 or s.rank in (64, 65)]
+    got = diagnose(view, now, 10.0, FileEvidence(sample=ViewSample(128, 127))).findings
+    assert [(f.kind, f.ranks) for f in got] == [("stuck_outside_collective", [43])]
+    assert "ranks 0-7,40-42,44-47,64-65 (of the ranks in this node's view; by every node's digest, 127 of the " \
+           "job's 128 ranks are inside a collective) wait" in got[0].summary
 
 
 def test_a_subgroup_collective_everyone_joined_is_the_stall_not_a_skipped_call() -> None:

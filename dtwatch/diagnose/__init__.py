@@ -34,7 +34,7 @@ from typing import Any
 
 from dtwatch.diagnose.decide import classify as _classify
 from dtwatch.diagnose.decide import exit_findings as _exit_findings
-from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence
+from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence, ViewSample
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
 from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
 from dtwatch.diagnose.silent import silent_desyncs
@@ -44,7 +44,7 @@ from dtwatch.diagnose.warn import EntryLags, entry_lags, loader_evidence, stragg
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",
-    "Position", "RecordedEvidence", "STALL", "StallCheck", "WARNING", "check_stall", "classify",
+    "Position", "RecordedEvidence", "STALL", "StallCheck", "ViewSample", "WARNING", "check_stall", "classify",
     "cpp_blocked_call", "diagnose", "diagnose_fixture", "entry_lags", "exit_findings", "fmt_ranks",
     "fmt_site", "loader_evidence", "positions", "settle_completed", "silent_desyncs", "straggler_warning", "trim",
     "uneven_loader_warnings", "with_source",

@@ -157,7 +157,7 @@ def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
 def _never_seen(ctx: Context, unseen: list[int], world: int) -> str:
     """Why there is no state of ``unseen``, and what that leaves unknown."""
     pronoun = "it" if len(unseen) == 1 else "they"
-    if ctx.ev.sampled_view():
+    if ctx.ev.view_sample() is not None:
         return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
                 "node's view (a job this large exchanges only the ranks that stand out and a sample of the others), "
                 f"so whether {pronoun} issued this call is not known here")

@@ -216,8 +216,11 @@ class Context:
         )
         if not ranks:
             return fields, ""
-        # A sample of a large job: the others (not shipped to this node) are not known to wait, or not to.
-        names = fmt_ranks(ranks) + (" (of the ranks in this node's view)" if self.ev.sampled_view() else "")
+        # A sample of a large job: which of the others (not shipped to this node) wait is not known here, only
+        # how many ranks are inside a collective.
+        sample = self.ev.view_sample()
+        names = fmt_ranks(ranks) + (f" (of the ranks in this node's view; by every node's digest, {sample.blocked:,} "
+                                    f"of the job's {sample.ranks:,} ranks are inside a collective)" if sample else "")
         if first is None:
             return fields, f"{names} {verb(ranks, 'waits', 'wait')} for it"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks

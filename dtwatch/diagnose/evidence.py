@@ -11,8 +11,19 @@ import functools
 import linecache
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dtwatch.diagnose.source import Loop, loops
+
+
+@dataclass(frozen=True)
+class ViewSample:
+    """The states are a sample of a large job's ranks: the cross-node exchange ships only the ranks that stand
+    out and exemplars of the others (see :func:`dtwatch.watchdog.aggregate.select_ranks`). A rank without a
+    state then exists; it was just not shipped to this node. The counts come from the digests of every rank."""
+
+    ranks: int  # ranks in the job
+    blocked: int  # of them, inside a collective
 
 
 class Evidence:
@@ -56,11 +67,9 @@ class Evidence:
     def display_path(self, path: str) -> str:
         return path
 
-    def sampled_view(self) -> bool:
-        """Whether the states are a sample of a large job's ranks (the cross-node exchange ships only the
-        ranks that stand out and exemplars of the others): a rank without a state then exists, it was
-        just not shipped to this node."""
-        return False
+    def view_sample(self) -> ViewSample | None:
+        """What the states are a sample of, when they are (a large job); None: every rank that has a ring."""
+        return None
 
 
 class FileEvidence(Evidence):
@@ -72,10 +81,10 @@ class FileEvidence(Evidence):
         stacks: Callable[[int], list[dict] | None] | None = None,
         flight_records: dict[int, dict] | None = None,
         endings: Callable[[int], dict | None] | None = None,
-        sampled: bool = False,
+        sample: ViewSample | None = None,
     ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
-        self._sampled = sampled
+        self._sample = sample
         self._stacks = stacks
         self._fr = flight_records or {}
         self._endings = endings
@@ -119,8 +128,8 @@ class FileEvidence(Evidence):
             return os.path.relpath(path, self.cwd)
         return path
 
-    def sampled_view(self) -> bool:
-        return self._sampled
+    def view_sample(self) -> ViewSample | None:
+        return self._sample
 
 
 class RecordedEvidence(Evidence):

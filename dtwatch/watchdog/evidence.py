@@ -84,7 +84,7 @@ def refine(incident: Incident, run_dir: str, dumps: dict[int, StackDump | None],
     def ending(rank: int) -> dict | None:
         return process_ending(run_dir, rank, by_rank[rank].start_time) if rank in by_rank else None
 
-    ev = FileEvidence(stacks=frames.get, flight_records=fr_summaries, endings=ending, sampled=incident.sampled)
+    ev = FileEvidence(stacks=frames.get, flight_records=fr_summaries, endings=ending, sample=incident.sample)
     refined = diagnose(list(incident.states), incident.detected, incident.window, ev,
                        heartbeat_stale=heartbeat_stale, assume_stalled=True).findings
     return tuple(refined) if refined else incident.findings

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dtwatch.diagnose import Diagnosis, Finding
+from dtwatch.diagnose import Diagnosis, Finding, ViewSample
 from dtwatch.diagnose.state import RankState
 
 
@@ -37,8 +37,8 @@ class Incident:
     window: float
     bundle: str
     """The bundle's directory (``incidents/<id>/<node>``)."""
-    sampled: bool = False
-    """The other nodes' ranks were a sample of a large job (see :meth:`dtwatch.diagnose.Evidence.sampled_view`)."""
+    sample: ViewSample | None = None
+    """The other nodes' ranks were a sample of a large job (see :class:`dtwatch.diagnose.ViewSample`)."""
 
     @property
     def local(self) -> list[RankState]:

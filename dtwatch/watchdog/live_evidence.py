@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from dtwatch import paths
-from dtwatch.diagnose import FileEvidence
+from dtwatch.diagnose import FileEvidence, ViewSample
 from dtwatch.diagnose.evidence import main_thread_frames
 from dtwatch.diagnose.state import RankState
 from dtwatch.report.bundle import summarize_flight_record
@@ -62,9 +62,9 @@ class LiveEvidence:
                         early.summaries[rank] = summary
         return dict(early.summaries)
 
-    def for_diagnosis(self, local: list[RankState], *, sampled: bool = False) -> FileEvidence:
-        """What one poll's diagnosis may look at (py-spy runs at most once per rank per poll); ``sampled``:
-        the other nodes' ranks are a sample of a large job (see :meth:`Evidence.sampled_view`)."""
+    def for_diagnosis(self, local: list[RankState], *, sample: ViewSample | None = None) -> FileEvidence:
+        """What one poll's diagnosis may look at (py-spy runs at most once per rank per poll); ``sample``:
+        the other nodes' ranks are a sample of a large job (see :class:`ViewSample`)."""
         by_rank = {s.rank: s for s in local}
         stacks: dict[int, list[dict] | None] = {}
 
@@ -81,5 +81,5 @@ class LiveEvidence:
             s = by_rank.get(rank)
             return process_ending(self.run_dir, rank, s.start_time) if s is not None else None
 
-        return FileEvidence(stacks=stack, endings=ending, sampled=sampled,
+        return FileEvidence(stacks=stack, endings=ending, sample=sample,
                             flight_records=self.early_flight_records() if self.early.requests else None)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dtwatch.config import WatchOptions, job_store_address
+from dtwatch.diagnose.evidence import ViewSample
 from dtwatch.diagnose.state import RankState
 from dtwatch.watchdog.exchange import Exchange
 from dtwatch.watchdog.incident import OpenIncident
@@ -26,7 +27,7 @@ class Peers:
         self.opts = opts
         self.on_error = on_error
         self.remote: list[RankState] = []
-        self.sampled = False  # the view is a sample of a large job's ranks (see aggregate.select_ranks)
+        self.sample: ViewSample | None = None  # the view is a sample of a large job's ranks
         self.failed = False
         address = job_store_address(opts.store)
         self.store = (Exchange(address[0], address[1], opts.job_id, opts.node, interval=opts.store_interval,
@@ -43,8 +44,9 @@ class Peers:
             view = self.store.step(local, now, window=window, incident=_verdict_source(incident), warnings=warnings)
             if view is not None:
                 self.remote = view.remote_states()
-                if view.head is not None:
-                    self.sampled = view.head.want is not None
+                head = view.head
+                if head is not None:
+                    self.sample = ViewSample(head.ranks, head.blocked) if head.want is not None else None
         except Exception as exc:  # noqa: BLE001 - retried at the next interval: the store may not be up yet
             if not self.failed:
                 log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",

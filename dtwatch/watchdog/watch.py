@@ -154,7 +154,7 @@ class Watchdog:
         states = self.peers.merge(local)
 
         # A crash needs no window; a stall needs the window without progress.
-        result = diagnose(states, now, window, self.live.for_diagnosis(local, sampled=self.peers.sampled),
+        result = diagnose(states, now, window, self.live.for_diagnosis(local, sample=self.peers.sample),
                           heartbeat_stale=self.opts.heartbeat_stale) if states else None
         step = next_step(self.incident, result, states, now, window, view_settling=self.peers.settling(now))
         if step is Step.OPEN and result is not None:
@@ -213,7 +213,7 @@ class Watchdog:
         kind = verdict(findings, states, from_exits=result.ended)
         incident = Incident(id=inc_id, verdict=kind, findings=tuple(findings), states=tuple(states),
                             local_ranks=tuple(local_ranks), onset=onset_of(result), detected=now, window=window,
-                            bundle=str(bundle.path), sampled=self.peers.sampled)
+                            bundle=str(bundle.path), sample=self.peers.sample)
         bundle.write_findings(findings, states, {
             "job_id": self.opts.job_id, "window": window, "onset": incident.onset, "detected": now,
             "local_ranks": list(local_ranks), "world_size": states[0].world_size, "verdict": kind,
