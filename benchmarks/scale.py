@@ -70,7 +70,7 @@ from typing import Any
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings about client host names, per connection
 # The TCPStore server looks up the name of each connecting client, in its only thread: where reverse DNS times
-# out (as on the machine this was written on: glibc's 5 s, for about one connection in 30) every client of the
+# out (glibc's default: 5 s; on some machines for about one connection in 30) every client of the
 # store waits that long. Connections are made before anything is measured; this only shortens the start.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -581,8 +581,20 @@ def summarize(mode, nodes, results, lead_cpu, samples, windows, healthy, hang_ti
                    "nodes_planned_not_measured": planned, "nodes_with_verdict_or_rounds": verdicts,
                    "probe_p50_ms_without": _r(_pct(without, 0.5)),
                    "lease_requests_per_interval": round(lease_req, 1) if lease_req is not None else None,
-                   "cap_s": round(hang_time + args.window + args.cap - hang_time, 1)},
+                   "cap_s": round(hang_time + args.window + args.cap - hang_time, 1),
+                   "aggregator_incident": _incident_of(results, hang_time)},
     }
+
+
+def _incident_of(results: dict, hang_time: float) -> dict | None:
+    """The first incident node 0 opened (after: the aggregator's, which every node reads): when, and whom it
+    names, so that a verdict that names someone else is seen, not only a missing one."""
+    rec = results.get(0) or results.get("0") or {}
+    inc = rec.get("incident")
+    if not inc:
+        return None
+    return {"after_s": round(inc["time"] - hang_time, 2), "kind": inc["kind"], "ranks": inc["ranks"],
+            "view_ranks": inc["view_ranks"], "summary": inc["summary"]}
 
 
 def _r(x: float | None) -> float | None:
@@ -611,6 +623,11 @@ def render(rows: list[dict], args) -> str:
             lines.append(f"N={r['nodes']} after: {n['nodes_with_verdict_or_rounds']} nodes had the verdict; lease "
                          f"terms {n['lease_terms']}; nodes with store errors {n['nodes_with_errors']} "
                          f"{n['an_error'][:80]}")
+        inc = n.get("aggregator_incident")
+        if r["exchange"] == "after":
+            lines.append(f"N={r['nodes']} after: the aggregator's incident, " + (
+                f"{inc['after_s']:.1f} s after the hang, from a view of {inc['view_ranks']} ranks: {inc['kind']} "
+                f"naming {inc['ranks'] or 'no rank'}" if inc else "none opened"))
         if n.get("aggregator_verdict_read_by_all_s") is not None:
             lines.append(f"N={r['nodes']} {r['exchange']}: the aggregator's verdict read by every node after "
                          f"{n['aggregator_verdict_read_by_all_s']:.1f} s")
