@@ -7,6 +7,7 @@ that the ranks the aggregator ships keep the diagnosis of a job too large to shi
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -336,6 +337,33 @@ def test_head_round_trip_and_verdict() -> None:
                     want=[1, 2], body=4, body_ranks=[0, 5], verdict=verdict)
     assert ViewHead.decode(head.encode()) == head
     assert named_ranks([f.to_dict()]) == [0, 1, 2, 3, 4]
+    # A head of an older dtwatch (no "pending") decodes with nothing pending.
+    old = {k: v for k, v in json.loads(head.encode()).items() if k != "pending"}
+    assert ViewHead.decode(json.dumps(old).encode()).pending == []
+
+
+def test_a_view_settles_on_the_ranks_it_lacks_but_not_on_the_nodes_own() -> None:
+    """The head lists the chosen ranks the body does not hold yet: a node waits for them (at most
+    SETTLE_INTERVALS exchange intervals) before it opens a stall, but not for its own ranks, which it reads
+    directly."""
+    from dtwatch.watchdog.exchange import SETTLE_INTERVALS, Exchange
+
+    job = SimJob(16, t0=1000.0)
+    ex = Exchange("127.0.0.1", 1, "job", "node1", interval=2.0)  # no store is reached: only the head is set
+    local = job.states(1, 1010.0)
+    head = ViewHead(aggregator="a", term=1, seq=1, time=1010.0, nodes=16, ranks=128, suspect=True, quiet=6.0,
+                    blocked=127, want=[1, 5], body=1, body_ranks=[0, 43], pending=[8, 9])
+    ex.head = head
+    ex._track_pending(1010.0, local)
+    assert not ex.settling(1010.0)  # ranks 8 and 9 are this node's own
+    ex.head = ViewHead(**{**head.__dict__, "pending": [8, 40]})
+    ex._track_pending(1010.0, local)
+    ex._track_pending(1012.0, local)  # still pending: the clock keeps its start
+    assert ex.settling(1012.0) and ex.settling(1010.0 + SETTLE_INTERVALS * 2.0 - 0.1)
+    assert not ex.settling(1010.0 + SETTLE_INTERVALS * 2.0)  # waited long enough: taken as it is
+    ex.head = ViewHead(**{**head.__dict__, "pending": []})
+    ex._track_pending(1013.0, local)
+    assert not ex.settling(1013.0)
 
 
 def test_exchange_interval() -> None:

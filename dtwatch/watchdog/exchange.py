@@ -255,8 +255,10 @@ class Exchange:
         does not by then is not coming soon, and the view is taken as it is)."""
         return self.pending_since is not None and now - self.pending_since < SETTLE_INTERVALS * self.interval
 
-    def _track_pending(self, now: float) -> None:
-        if not (self.head is not None and self.head.pending):
+    def _track_pending(self, now: float, local: list[RankState]) -> None:
+        """The view lacks ranks chosen for it that this node does not hold itself (its own it reads directly)."""
+        mine = {s.rank for s in local}
+        if self.head is None or not any(r not in mine for r in self.head.pending):
             self.pending_since = None
         elif self.pending_since is None:
             self.pending_since = now
@@ -271,7 +273,7 @@ class Exchange:
         next exchange starts over (the store may have been restarted)."""
         view = self._step(local, now, window=window, incident=incident, warnings=warnings)
         if view is not None:
-            self._track_pending(now)
+            self._track_pending(now, local)
         return view
 
     def _step(self, local: list[RankState], now: float, *, window: float, incident: dict | None = None,
@@ -282,7 +284,7 @@ class Exchange:
         changed = self.role == AGGREGATOR and verdict != self.published_verdict
         # The aggregator reads again soon while its view lacks chosen ranks (their nodes publish them as soon as
         # they read the head that asks for them).
-        filling = self.role == AGGREGATOR and self.pending_since is not None and now - self.last >= self.interval / 2
+        filling = self.role == AGGREGATOR and self.settling(now) and now - self.last >= self.interval / 2
         due = now - self.last >= exchange_interval(self.interval, busy=busy) or changed or filling
         peek = self.role == FOLLOWER and self.suspect and self.view_ready and now - self.last_read >= self.interval / 4
         if not (due or peek):
