@@ -20,6 +20,7 @@ its evidence (:mod:`~dtwatch.watchdog.evidence`), --fail-fast (:mod:`~dtwatch.wa
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -217,6 +218,8 @@ class Watchdog:
         bundle.write_findings(findings, states, {
             "job_id": self.opts.job_id, "window": window, "onset": incident.onset, "detected": now,
             "local_ranks": list(local_ranks), "world_size": states[0].world_size, "verdict": kind,
+            # a large job: the other nodes' ranks in states/ are a sample (see dtwatch.diagnose.ViewSample)
+            "view_sample": dataclasses.asdict(incident.sample) if incident.sample is not None else None,
         })
         from dtwatch.report.text import render_text
 
