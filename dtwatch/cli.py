@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-interval", type=_typed("store_interval"), default=unset,
                    help="seconds between cross-node exchanges while a rank is in a collective, 5x that otherwise "
                         "(default 2)")
+    p.add_argument("--full-view-ranks", type=_typed("full_view_ranks"), default=unset,
+                   help="jobs of up to this many ranks: every node's diagnosis sees every rank; beyond, the ranks "
+                        "that stand out and a sample of the others, which keeps each exchange small "
+                        f"({_env('full_view_ranks')}; default 64)")
     p.add_argument("--idle-exit", type=_typed("idle_exit"), default=unset,
                    help="exit when all ranks are gone and nothing new appeared for this many seconds; 0 = never "
                         f"({_env('idle_exit')}; default 30)")

@@ -338,6 +338,9 @@ class WatchOptions:
     """Seconds between cross-node exchanges while a rank is in a collective (5x that otherwise)."""
     serve_store: bool = False
     """Serve a TCPStore for dtwatch's exchange at ``store``'s port on this node (traffic off the job's store)."""
+    full_view_ranks: int = 64
+    """Jobs of up to this many ranks: every node's diagnosis sees every rank; beyond, the ranks that stand out
+    and a sample of the others (see :mod:`dtwatch.watchdog.aggregate`). The aggregator's value decides."""
 
     def __post_init__(self) -> None:
         check_values(WATCH_OPTIONS, {f.name: getattr(self, f.name) for f in fields(self)})
@@ -372,6 +375,8 @@ WATCH_OPTIONS: dict[str, Option] = {
     "exit_with_launcher": Option(None, parse_bool, _is_bool, "1/0, true/false"),
     "store_interval": _seconds(0.1, 600, None),
     "serve_store": Option(None, parse_bool, _is_bool, "1/0, true/false"),
+    "full_view_ranks": Option("DTWATCH_FULL_VIEW_RANKS", int, lambda v: _is_int(v) and 1 <= v <= 65_536,
+                              "a number of ranks from 1 to 65536"),
 }
 
 

@@ -202,3 +202,17 @@ def test_install_after_init_warns_naming_unapplied_settings(dtwatch_env, monkeyp
     dist.all_reduce(torch.ones(1))
     snap = dtwatch.read_ring(dtwatch_env / "rank-00000.ring")
     assert [r.op for r in snap.records_list()] == ["all_reduce"]
+
+
+def test_watchdog_options_name_the_setting_and_what_is_allowed(caplog):
+    from dtwatch.config import watch_options
+
+    with pytest.raises(dtwatch.ConfigError) as exc:
+        watch_options({"full_view_ranks": 0}, environ={})
+    assert "full_view_ranks=0" in str(exc.value) and "a number of ranks from 1 to 65536" in str(exc.value)
+    assert watch_options({}, environ={"DTWATCH_FULL_VIEW_RANKS": "256"}).full_view_ranks == 256
+    with caplog.at_level(logging.WARNING, logger="dtwatch"):
+        opts = watch_options({}, environ={"DTWATCH_FULL_VIEW_RANKS": "lots"})
+    assert opts.full_view_ranks == 64
+    (warning,) = dtwatch_warnings(caplog)
+    assert "DTWATCH_FULL_VIEW_RANKS" in warning and "a number of ranks from 1 to 65536" in warning

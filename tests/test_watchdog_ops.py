@@ -349,6 +349,66 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
         stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
 
 
+@pytest.mark.timeout(200)
+def test_two_nodes_of_a_job_too_large_to_ship_whole(tmp_path):
+    """The same two 'nodes' with --full-view-ranks 1: the job counts as large, so nothing is shipped while it
+    runs and, once it stands still, only the ranks that stand out (here both). Each watchdog diagnoses from
+    its own rank and the shipped one, names the culprit, says that its view is a sample, and records that in
+    the bundle's index."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    job_id = "sampled"
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    master_port = free_port()
+    nodes = {}
+    heads: list[dict] = []
+    try:
+        for node_rank, name in enumerate(("node-a", "node-b")):
+            root = tmp_path / name
+            watchdog, log = start_watchdog(root, job_id, window=4.0, extra_args=[
+                "--node", name, "--store", f"127.0.0.1:{store.port}", "--store-interval", "0.5",
+                "--full-view-ranks", "1", "--idle-exit", "3"])
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
+                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
+                 "rank_conditional"],
+                env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            nodes[name] = (root, watchdog, log, proc)
+        indexes: dict[str, dict] = {}
+        view_key = f"dtwatch/{job_id}/x1/view"
+        deadline = time.time() + 120
+        while len(indexes) < 2 and time.time() < deadline:
+            if store.check([view_key]):
+                heads.append(json.loads(store.get(view_key)))
+            for name, (root, *_rest) in nodes.items():
+                for index_path in (root / job_id / "incidents").glob(f"*/{name}/index.json"):
+                    data = json.loads(index_path.read_text())
+                    if data.get("evidence_complete"):
+                        indexes[name] = data
+            time.sleep(0.2)
+        assert len(indexes) == 2, {n: log.read_text()[-2000:] for n, (_r, _w, log, _p) in nodes.items()}
+        # Once the aggregator has both nodes' digests, the job is large: a list of wanted nodes (None would be
+        # every node), and while it ran, nothing shipped.
+        heads = [h for h in heads if h["ranks"] == 2]
+        assert heads and all(h["want"] is not None for h in heads)
+        assert any(h["body_ranks"] == [] and not h["suspect"] for h in heads)
+        assert any(h["body_ranks"] == [0, 1] and not h["pending"] for h in heads)
+        for name, data in indexes.items():
+            f = data["findings"][0]
+            assert (f["kind"], f["ranks"], f["waiting_ranks"]) == ("rank_conditional", [0], [1]), (name, f)
+            assert f["site"]["line"] == site_line("validate_all_reduce")
+            assert "rank 1 (of the ranks in this node's view; by every node's digest, 2 of the job's 2 ranks are " \
+                   "inside a collective)" in f["summary"], (name, f["summary"])
+            assert data["view_sample"] == {"ranks": 2, "blocked": 2}
+        assert indexes["node-a"]["local_ranks"] == [0] and indexes["node-b"]["local_ranks"] == [1]
+    finally:
+        stop_processes([p for _root, watchdog, _log, proc in nodes.values() for p in (proc, watchdog)])
+
+
 @pytest.mark.timeout(240)
 def test_another_node_takes_over_the_aggregation_when_its_watchdog_is_killed(tmp_path):
     """Two torchrun 'nodes' whose watchdogs exchange through a store of their own (not the job's). The

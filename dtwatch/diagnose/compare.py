@@ -381,7 +381,7 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
         parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}")
     if others_pos:
         other_ranks = sorted(p.rank for p in others_pos)
-        parts.append(f"at the same point {fmt_ranks(other_ranks)} "
+        parts.append(f"at the same point {ctx.others(other_ranks)} "
                      f"{ctx.presence(other_ranks)} "
                      f"{describe(others_pos[0].issued)} at "
                      f"{ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].issued))}")

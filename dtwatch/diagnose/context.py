@@ -203,6 +203,16 @@ class Context:
                 out.append(m)
         return out
 
+    def others(self, ranks: list[int]) -> str:
+        """``ranks`` as a finding lists the ranks besides its culprits. In a sample of a large job, which of the
+        ranks not shipped to this node are in the same place is not known here, only how many are inside a
+        collective: the list says so."""
+        sample = self.ev.view_sample()
+        if sample is None:
+            return fmt_ranks(ranks)
+        return (f"{fmt_ranks(ranks)} (of the ranks in this node's view; by every node's digest, {sample.blocked:,} "
+                f"of the job's {sample.ranks:,} ranks are inside a collective)")
+
     def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
         """Finding fields and a phrase for the ranks that wait on the culprits."""
         ranks = sorted(set(ranks))
@@ -216,11 +226,7 @@ class Context:
         )
         if not ranks:
             return fields, ""
-        # A sample of a large job: which of the others (not shipped to this node) wait is not known here, only
-        # how many ranks are inside a collective.
-        sample = self.ev.view_sample()
-        names = fmt_ranks(ranks) + (f" (of the ranks in this node's view; by every node's digest, {sample.blocked:,} "
-                                    f"of the job's {sample.ranks:,} ranks are inside a collective)" if sample else "")
+        names = self.others(ranks)
         if first is None:
             return fields, f"{names} {verb(ranks, 'waits', 'wait')} for it"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks

@@ -52,8 +52,9 @@ class Selection:
     blocked: int  # ranks inside a collective
 
 
-def select_ranks(digests: list[RankDigest], now: float, window: float, named: Iterable[int] = ()) -> Selection:
-    """Which ranks every node's diagnosis needs to see."""
+def select_ranks(digests: list[RankDigest], now: float, window: float, named: Iterable[int] = (), *,
+                 full_view: int = FULL_VIEW_RANKS) -> Selection:
+    """Which ranks every node's diagnosis needs to see; every rank in a job of up to ``full_view`` ranks."""
     if not digests:
         return Selection([], 0, False, 0.0, 0)
     by_rank = {d.rank: d for d in digests}
@@ -62,7 +63,7 @@ def select_ranks(digests: list[RankDigest], now: float, window: float, named: It
     suspect = quiet > suspect_after(window)
     blocked = sum(1 for d in digests if d.state == BLOCKED)
     total = len(by_rank)
-    if total <= FULL_VIEW_RANKS:
+    if total <= full_view:
         return Selection(sorted(by_rank), total, suspect, quiet, blocked)
     chosen = {r for r in named if r in by_rank}
     if len(chosen) > NAMED_KEPT:

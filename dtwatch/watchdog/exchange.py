@@ -204,9 +204,9 @@ class Exchange:
     """This node's side of the exchange; :meth:`step` once per watchdog poll."""
 
     def __init__(self, host: str, port: int, job_id: str, node: str, *, interval: float = 2.0, serve: bool = False,
-                 timeout: float = 5.0, batch: int = BATCH) -> None:
+                 timeout: float = 5.0, batch: int = BATCH, full_view: int = FULL_VIEW_RANKS) -> None:
         self.host, self.port, self.job_id, self.node = host, port, job_id, node
-        self.interval, self.timeout, self.batch = interval, timeout, batch
+        self.interval, self.timeout, self.batch, self.full_view = interval, timeout, batch, full_view
         self.prefix = f"dtwatch/{job_id}/x1"
         self.client = StoreClient(host, port, timeout)
         self._server = serve_store(host, port) if serve else None
@@ -462,9 +462,10 @@ class Exchange:
             owner.pop(d.rank, None)
         findings = list((verdict or {}).get("findings") or [])
         findings += [w.to_dict() if hasattr(w, "to_dict") else dict(w) for w in list(warnings)[-20:]]
-        sel = select_ranks([d for _t, d in newest.values()], now, window, named_ranks(findings))
+        sel = select_ranks([d for _t, d in newest.values()], now, window, named_ranks(findings),
+                           full_view=self.full_view)
         chosen = set(sel.ranks)
-        full = sel.total <= FULL_VIEW_RANKS
+        full = sel.total <= self.full_view
         want = sorted({owner[r] for r in chosen if r in owner})
         # Only a state published with the node's latest digest: a node publishes its state only while the view
         # wants it, so an older one (from an earlier suspect spell) shows the ranks where they were back then.

@@ -31,7 +31,8 @@ class Peers:
         self.failed = False
         address = job_store_address(opts.store)
         self.store = (Exchange(address[0], address[1], opts.job_id, opts.node, interval=opts.store_interval,
-                               serve=opts.serve_store) if address is not None else None)
+                               serve=opts.serve_store, full_view=opts.full_view_ranks)
+                      if address is not None else None)
 
     def exchange(self, local: list[RankState], now: float, *, window: float, incident: OpenIncident | None,
                  warnings: Iterable[Any] = ()) -> None:
