@@ -298,6 +298,27 @@ def test_watchdog_survives_torchrun_restart_and_closes_the_incident(tmp_path):
         stop_processes([torchrun, watchdog])
 
 
+def _start_node(root, job_id: str, node_rank: int, master_port: int) -> subprocess.Popen:
+    """One torchrun 'node' (1 rank) of a 2-node job running the rank_conditional hang."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
+         "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
+         "rank_conditional"],
+        env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _completed_indexes(nodes: dict, job_id: str, into: dict[str, dict]) -> dict[str, dict]:
+    """Each node's bundle index once its evidence is complete (node name -> index); ``nodes``: name -> (root, ...)."""
+    for name, (root, *_rest) in nodes.items():
+        for index_path in (root / job_id / "incidents").glob(f"*/{name}/index.json"):
+            data = json.loads(index_path.read_text())
+            if data.get("evidence_complete"):
+                into[name] = data
+    return into
+
+
 @pytest.mark.timeout(200)
 def test_two_nodes_compare_through_the_jobs_store(tmp_path):
     """Two torchrun 'nodes' on this machine, each with its own run directory and watchdog; the watchdogs
@@ -310,22 +331,10 @@ def test_two_nodes_compare_through_the_jobs_store(tmp_path):
             root = tmp_path / name
             watchdog, log = start_watchdog(root, job_id, window=4.0, extra_args=[
                 "--node", name, "--store", f"127.0.0.1:{port}", "--idle-exit", "3"])
-            env = base_env(root, job_id)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), str(WORKER),
-                 "rank_conditional"],
-                env=env, stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            nodes[name] = (root, watchdog, log, proc)
-        indexes = {}
+            nodes[name] = (root, watchdog, log, _start_node(root, job_id, node_rank, port))
+        indexes: dict[str, dict] = {}
         deadline = time.time() + 120
-        while len(indexes) < 2 and time.time() < deadline:
-            for name, (root, *_rest) in nodes.items():
-                for index_path in (root / job_id / "incidents").glob(f"*/{name}/index.json"):
-                    data = json.loads(index_path.read_text())
-                    if data.get("evidence_complete"):
-                        indexes[name] = data
+        while len(_completed_indexes(nodes, job_id, indexes)) < 2 and time.time() < deadline:
             time.sleep(0.3)
         assert len(indexes) == 2, {n: log.read_text()[-2000:] for n, (_r, _w, log, _p) in nodes.items()}
         a, b = indexes["node-a"], indexes["node-b"]
@@ -370,25 +379,13 @@ def test_two_nodes_of_a_job_too_large_to_ship_whole(tmp_path):
             watchdog, log = start_watchdog(root, job_id, window=4.0, extra_args=[
                 "--node", name, "--store", f"127.0.0.1:{store.port}", "--store-interval", "0.5",
                 "--full-view-ranks", "1", "--idle-exit", "3"])
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
-                 "rank_conditional"],
-                env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            nodes[name] = (root, watchdog, log, proc)
+            nodes[name] = (root, watchdog, log, _start_node(root, job_id, node_rank, master_port))
         indexes: dict[str, dict] = {}
         view_key = f"dtwatch/{job_id}/x1/view"
         deadline = time.time() + 120
-        while len(indexes) < 2 and time.time() < deadline:
+        while len(_completed_indexes(nodes, job_id, indexes)) < 2 and time.time() < deadline:
             if store.check([view_key]):
                 heads.append(json.loads(store.get(view_key)))
-            for name, (root, *_rest) in nodes.items():
-                for index_path in (root / job_id / "incidents").glob(f"*/{name}/index.json"):
-                    data = json.loads(index_path.read_text())
-                    if data.get("evidence_complete"):
-                        indexes[name] = data
             time.sleep(0.2)
         assert len(indexes) == 2, {n: log.read_text()[-2000:] for n, (_r, _w, log, _p) in nodes.items()}
         # Once the aggregator has both nodes' digests, the job is large: a list of wanted nodes (None would be
@@ -432,13 +429,7 @@ def test_another_node_takes_over_the_aggregation_when_its_watchdog_is_killed(tmp
         for node_rank, name in enumerate(("node-a", "node-b")):
             root = tmp_path / name
             watchdog, log = start_watchdog(root, job_id, window=window, extra_args=args[name])
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(WORKER),
-                 "rank_conditional"],
-                env=base_env(root, job_id), stdout=(root / "torchrun.out").open("wb"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = _start_node(root, job_id, node_rank, master_port)
             nodes[name] = [root, watchdog, log]
             procs += [proc, watchdog]
 
@@ -472,12 +463,7 @@ def test_another_node_takes_over_the_aggregation_when_its_watchdog_is_killed(tmp
         indexes: dict[str, dict] = {}
 
         def incidents() -> bool:
-            for name, (node_root, *_rest) in nodes.items():
-                for index_path in (node_root / job_id / "incidents").glob(f"*/{name}/index.json"):
-                    data = json.loads(index_path.read_text())
-                    if data.get("evidence_complete"):
-                        indexes[name] = data
-            return len(indexes) == 2
+            return len(_completed_indexes(nodes, job_id, indexes)) == 2
 
         until("both nodes' diagnoses", incidents, 120)
         for data in indexes.values():
