@@ -335,7 +335,6 @@ class SimNode:
         """What the watchdog does every poll with its ranks and the others'."""
         from dtwatch.diagnose import (
             FileEvidence,
-            ViewSample,
             diagnose,
             entry_lags,
             straggler_warning,
@@ -346,8 +345,7 @@ class SimNode:
 
         states = sorted(self.local + self.remote, key=lambda s: s.rank)
         head = self.ex.head if self.ex is not None else None
-        # as the watchdog's Peers tells its diagnosis
-        sample = ViewSample(head.ranks, head.blocked) if head is not None and head.want is not None else None
+        sample = head.sample() if head is not None else None  # as the watchdog's Peers tells its diagnosis
         result = diagnose(states, now, self.cfg.window, FileEvidence(sample=sample))
         straggler_warning(entry_lags(states), now)
         uneven_loader_warnings(states, now)

@@ -127,12 +127,11 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
     p = min(blocked, key=lambda q: q.issued.t_enter)
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.issued)
-    world = max(s.world_size for s in ctx.states)
     unseen = _unseen_members(ctx, p.rank, p.issued)
     if unseen:
         seen = sorted(ctx.by_rank)
         parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
-                 f"{describe(p.issued)} at {ctx.fmt(site)}", _never_seen(ctx, unseen, world)]
+                 f"{describe(p.issued)} at {ctx.fmt(site)}", _never_seen(ctx, unseen)]
     else:
         parts = [f"all ranks are inside {describe(p.issued)} at {ctx.fmt(site)} and none is missing",
                  "the collective itself is not completing (network, transport, or a peer outside this job)"]
@@ -149,13 +148,13 @@ def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
         members: list[int] | range = [call.peer]
     else:
         progress = ctx.by_rank[rank].groups.get(call.group)
-        world = max(s.world_size for s in ctx.states)
-        members = ctx.members(rank, call.group) if progress and progress.members else range(world)
+        members = ctx.members(rank, call.group) if progress and progress.members else range(ctx.world)
     return sorted(set(members) - set(ctx.by_rank))
 
 
-def _never_seen(ctx: Context, unseen: list[int], world: int) -> str:
+def _never_seen(ctx: Context, unseen: list[int]) -> str:
     """Why there is no state of ``unseen``, and what that leaves unknown."""
+    world = ctx.world
     pronoun = "it" if len(unseen) == 1 else "they"
     if ctx.ev.view_sample() is not None:
         return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
@@ -178,7 +177,6 @@ def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: 
     unseen = _unseen_members(ctx, m, m_call)
     inner = sorted(r for r, q in ctx.pos.items() if q.call is not None and q.issued.group == m_call.group
                    and q.issued.seq == m_call.seq and q.issued.op == m_call.op) or [m]
-    world = max(s.world_size for s in ctx.states)
     site = ctx.user_site(waiters[0], call)
     m_site = ctx.user_site(m, m_call)
     absent = ctx.missing(waiters[0], call)
@@ -186,7 +184,7 @@ def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: 
     head = (f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)} for "
             f"{fmt_ranks(absent)}, which {verb(inner, 'is', 'are')} inside {describe(m_call)} at {ctx.fmt(m_site)}")
     if unseen:
-        parts = [head, f"every member of that call dtwatch sees has joined it; {_never_seen(ctx, unseen, world)}",
+        parts = [head, f"every member of that call dtwatch sees has joined it; {_never_seen(ctx, unseen)}",
                  "the rank that holds the job up is among them, or the call itself is not completing"]
     else:
         parts = [head, f"every member of group {m_call.group} has joined that call and none is missing",

@@ -43,6 +43,7 @@ class Context:
         self.by_rank = {s.rank: s for s in states}
         self.loaders = loader_evidence(states)
         self.steps = {s.rank: s.step for s in states}
+        self.world = max((s.world_size for s in states), default=0)  # the job's world size, as the ranks report it
         self._fr_mappings: dict = {}
         self.past = False  # describing calls the ranks made earlier (completed), not where they are now
         self.issued_from_cpp: dict[int, dict] = {}  # rank -> the FR entry that named its C++-issued call

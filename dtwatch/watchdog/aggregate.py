@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
+from dtwatch.diagnose.evidence import ViewSample
 from dtwatch.watchdog.summary import BLOCKED, GONE, RankDigest
 
 FULL_VIEW_RANKS = 64  # jobs up to this many ranks: every node sees every rank
@@ -140,6 +141,10 @@ class ViewHead:
     # Ranks chosen for the body whose node has not yet published a state as fresh as its digest (it does at
     # its next exchange): until the body holds them, a diagnosis of the view is not yet on what was chosen.
     pending: list[int] = field(default_factory=list)
+
+    def sample(self) -> ViewSample | None:
+        """What a node's view is a sample of: None in a job small enough to ship every rank (``want`` None)."""
+        return ViewSample(self.ranks, self.blocked) if self.want is not None else None
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

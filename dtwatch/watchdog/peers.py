@@ -27,7 +27,6 @@ class Peers:
         self.opts = opts
         self.on_error = on_error
         self.remote: list[RankState] = []
-        self.sample: ViewSample | None = None  # the view is a sample of a large job's ranks
         self.failed = False
         address = job_store_address(opts.store)
         self.store = (Exchange(address[0], address[1], opts.job_id, opts.node, interval=opts.store_interval,
@@ -45,15 +44,18 @@ class Peers:
             view = self.store.step(local, now, window=window, incident=_verdict_source(incident), warnings=warnings)
             if view is not None:
                 self.remote = view.remote_states()
-                head = view.head
-                if head is not None:
-                    self.sample = ViewSample(head.ranks, head.blocked) if head.want is not None else None
         except Exception as exc:  # noqa: BLE001 - retried at the next interval: the store may not be up yet
             if not self.failed:
                 log.warning("dtwatch: cannot reach the job's store %s:%s (%s); diagnosing with this node's ranks only",
                             self.store.host, self.store.port, exc)
             self.failed = True
             self.on_error("store")
+
+    @property
+    def sample(self) -> ViewSample | None:
+        """What the other nodes' ranks are a sample of, in a large job (from the view's latest head)."""
+        head = self.store.head if self.store is not None else None
+        return head.sample() if head is not None else None
 
     def settling(self, now: float) -> bool:
         """Whether the view still lacks other nodes' ranks it is about to hold (see :meth:`Exchange.settling`)."""
