@@ -16,6 +16,7 @@ from dtwatch.diagnose.ended import exit_findings, gone_findings
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.idle import stuck_outside, unresponsive
 from dtwatch.diagnose.model import Finding
+from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.positions import StallCheck
 from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.sync_points import with_sync_points
@@ -34,6 +35,13 @@ def classify(states: list[RankState], check: StallCheck, now: float, evidence: E
 def _classify(ctx: Context, check: StallCheck) -> list[Finding]:
     pos = ctx.pos
     waiting = sorted(check.blocked)
+
+    # Program order first: the first point where the ranks' call streams parted, when they paired again
+    # after it (an extra or skipped call the backend paired with a same-shaped one), is the root cause;
+    # where the ranks are now (and how some ended) is its symptom.
+    parted = parting_at_stall(ctx, waiting)
+    if parted is not None:
+        return [parted]
 
     gone = [p.rank for p in pos.values() if p.state == "gone"]
     if gone:

@@ -6,6 +6,7 @@ from dtwatch.diagnose.compare import conditional, desync, sides_at
 from dtwatch.diagnose.context import P2P, Context, exception_site, is_library_path, with_cpp_entries
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.loops import early_exit_loop, is_return, past_loop, uneven
+from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.state import CPP_OP, RankState
 from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
@@ -138,6 +139,12 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
         return []
     pos = {s.rank: Position(s.rank, "gone", s.last_call(), None) for s in states}
     ctx = Context(states, pos, min(_end_time(s) for s in ended), now, evidence)
+    if any(not s.gone for s in states):
+        # The ranks' programs parted earlier (an extra or skipped call that paired with another): that is
+        # the cause, and ranks that ended cleanly after the same calls as their peers are not.
+        parted = parting_at_stall(ctx, [s.rank for s in states if not s.gone])
+        if parted is not None:
+            return with_cpp_entries(ctx, [parted])
     roots = _roots(ctx, ended)
     if roots:
         desync = crash_desync(ctx, roots)

@@ -150,3 +150,46 @@ def sentence(*parts: str) -> str:
     """Parts joined with '; ' and ended with a full stop."""
     body = "; ".join(p.strip().rstrip(".;") for p in parts if p and p.strip())
     return body + "." if body else ""
+
+
+def _call_words(token: object, site_txt: str) -> str:
+    call = getattr(token, "call", None)
+    if call is None:
+        return f"a collective issued from C++ (DDP/FSDP) (seq {getattr(token, 'seq', '?')})"
+    return f"{call.op} (seq {call.seq}) at {site_txt}"
+
+
+def parting_summary(p: object, *, branch: dict | None, fmt: Callable[[dict | None], str], call_site: dict | None,
+                    paired_site: dict | None, live: bool = False) -> str:
+    """Where the ranks' programs parted (:class:`dtwatch.diagnose.align.Parting`): the extra or skipped
+    call, the rank test it runs under, what the backend paired it with, and what that did."""
+    ranks, ref = list(getattr(p, "ranks")), list(getattr(p, "reference"))
+    calls = list(getattr(p, "calls"))
+    group, extra, decided = getattr(p, "group"), getattr(p, "extra"), getattr(p, "decided")
+    first = calls[0]
+    paired = next(iter(getattr(p, "paired_with").values()), None)
+    what = _call_words(first, fmt(call_site))
+    more = f" and {len(calls) - 1} more call{'s' if len(calls) > 2 else ''} after it" if len(calls) > 1 else ""
+    owner, other = (ranks, ref) if extra else (ref, ranks)
+    if decided and extra:
+        head = (f"{fmt_ranks(owner)} made an extra call in group {group}: {what}{more}, which "
+                f"{fmt_ranks(other)} did not make")
+    elif decided:
+        head = (f"{fmt_ranks(other)} did not make {what}{more} in group {group}, which {fmt_ranks(owner)} "
+                f"{verb(owner, 'makes', 'make')}")
+    else:
+        head = (f"{fmt_ranks(owner)} and {fmt_ranks(other)} parted in group {group}: {fmt_ranks(owner)} made "
+                f"{what}{more}, which {fmt_ranks(other)} did not make")
+    parts = [head]
+    if branch is not None:
+        parts.append(f"{'it is' if decided else 'that call is'} reached through the rank test {fmt(branch)}")
+    if paired is not None:
+        paired_txt = (f"{fmt_ranks(other)}'s {paired.call.op} at {fmt(paired_site)}" if paired.call is not None
+                      else f"{fmt_ranks(other)}'s collective issued from C++ (DDP/FSDP)")
+        parts.append(f"the backend paired it with {paired_txt} (seq {first.seq}), so the ranks went on "
+                     f"out of step: every later call of group {group} paired with a different call than the "
+                     "program meant" + (", and their results are mixed" if live else ""))
+    if not decided:
+        parts.append("the two sides are the same size and no rank test was found, so whether one side made an "
+                     "extra call or the other skipped it is not known")
+    return sentence(*parts)

@@ -1,0 +1,108 @@
+"""The program-order finding: where the ranks' call streams parted (:mod:`.align`), as a finding.
+
+Used at a stall (every blocked or ended rank's stream is final), when ranks ended (a rank that exited
+cleanly after the same calls as its peers is the reference, never the culprit of the rank that made one
+more), and live, as a warning, while the job still runs (only ended ranks' streams are final).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dtwatch.diagnose.align import Parting, Token, parting, stream
+from dtwatch.diagnose.context import Context
+from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.flight import op_family
+from dtwatch.diagnose.model import STALL, WARNING, Finding, Kind
+from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.text import fmt_ranks, parting_summary, sentence
+
+
+def call_branch(ev: Evidence, token: Token) -> dict | None:
+    """The rank test the call's own lines (the user's line, then the library's) run under."""
+    c = token.call
+    if c is None:
+        return None
+    for site in (c.user_site, c.site):
+        if not site:
+            continue
+        found = ev.rank_branch(str(site.get("file", "")), int(site.get("line", 0) or 0))
+        if found:
+            return {"file": site["file"], "line": found[0], "source": found[1], "call_line": site["line"]}
+    return None
+
+
+def first_parting(states: list[RankState], final: Callable[[RankState], bool], ev: Evidence,
+                  skip_groups: set[str] | None = None) -> Parting | None:
+    """The earliest parting over every group the ranks share (by the time its first call was issued)."""
+    found: list[tuple[float, Parting]] = []
+    for group in sorted({g for s in states for g in s.groups}):
+        if skip_groups and group in skip_groups:
+            continue
+        members = [s for s in states if group in s.groups]
+        expected = members[0].groups[group].members if members else None
+        if len(members) < 2 or (expected and len(members) < len(expected)):
+            continue  # not every member is seen: no majority to compare with
+        streams = {s.rank: stream(s, group, op_family) for s in members}
+        p = parting(group, streams, {s.rank: final(s) for s in members},
+                    under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+        if p is not None:
+            when = min((t.call.t_enter for t in p.calls if t.call is not None), default=float(p.seq))
+            found.append((when, p))
+    return min(found, key=lambda x: x[0])[1] if found else None
+
+
+def parting_finding(p: Parting, ev: Evidence, *, severity: str = STALL, now: float = 0.0,
+                    fmt: Callable[[dict | None], str], site_of: Callable[[dict | None], dict | None]) -> Finding:
+    """The finding for a parting: the culprit's extra (or skipped) call, its rank test, and what it paired with."""
+    first = p.calls[0]
+    owner = p.ranks if p.extra else p.reference  # whose stream holds the calls
+    branch = call_branch(ev, first) if first.call is not None else None
+    call_site = (first.call.user_site or first.call.site) if first.call is not None else None
+    paired = next(iter(p.paired_with.values()), None)
+    paired_site = (paired.call.user_site or paired.call.site) if paired is not None and paired.call else None
+    kind = Kind.RANK_CONDITIONAL if branch is not None and p.decided else Kind.DESYNC
+    summary = parting_summary(p, branch=branch, fmt=fmt, call_site=call_site, paired_site=paired_site,
+                              live=severity == WARNING)
+    details = {
+        "pattern": "extra_call" if p.extra else "skipped_call", "program_order": True,
+        "parted_at": {"group": p.group, "seq": first.seq}, "conditional_line": site_of(branch) if branch else None,
+        "calls": [{"seq": t.seq, "op": t.call.op if t.call else "cpp_collective",
+                   "site": site_of(t.call.user_site or t.call.site) if t.call else None} for t in p.calls],
+        "made_by": owner, "paired_with": {str(r): {"op": t.call.op if t.call else "cpp_collective", "seq": t.seq,
+                                                   "site": site_of(t.call.user_site or t.call.site) if t.call else None}
+                                          for r, t in sorted(p.paired_with.items())},
+        "deviant_known": p.decided, "counts": p.counts,
+    }
+    if first.call is not None and first.call.site and call_site and first.call.site != call_site:
+        details["library_site"] = site_of(first.call.site)
+    return Finding(
+        kind=kind, severity=severity, ranks=sorted(p.ranks) if p.decided else sorted(p.ranks + p.reference),
+        summary=summary, op=first.call.op if first.call else "cpp_collective", group=p.group, seq=first.seq,
+        site=site_of(call_site), onset=first.call.t_enter if first.call else 0.0, detected=now, details=details,
+    )
+
+
+def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
+    """At a stall or after ranks ended: every blocked, wedged or ended rank's stream is final."""
+    def final(s: RankState) -> bool:
+        p = ctx.pos.get(s.rank)
+        return s.gone or (p is not None and p.state in ("blocked", "gone", "unresponsive"))
+
+    p = first_parting(ctx.states, final, ctx.ev)
+    if p is None:
+        return None
+    f = parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now)
+    ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
+    fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
+    by_how: dict[str, list[int]] = {}
+    for r, how in sorted(ended.items()):
+        by_how.setdefault(how, []).append(r)
+    then = [f"{fmt_ranks(rs)} then {how}" for how, rs in by_how.items()]
+    f.summary = sentence(f.summary, *then, f"now {waiting_txt}" if waiting_txt else "")
+    if ended:
+        f.details["ended_by"] = {str(r): how for r, how in ended.items()}
+    for k, v in fields.items():
+        if k not in ("onset",):
+            setattr(f, k, v)
+    f.onset = f.onset or ctx.onset
+    return f
