@@ -118,12 +118,18 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
         if len(sides) > 1:
             return [desync(ctx, group, seq, list(sides.values()), waiting)]
 
-    # 2. Someone waits for ranks that have not issued the call: follow who waits for whom.
+    # 2. Point-to-point calls that wait for each other in a cycle (each in recv from the next): a schedule
+    # deadlock, whatever the network does.
+    cycle = _p2p_cycle(ctx, blocked)
+    if cycle:
+        return [_schedule_deadlock(ctx, cycle, waiting)]
+
+    # 3. Someone waits for ranks that have not issued the call: follow who waits for whom.
     edges = [(p, m) for p in blocked for m in ctx.missing(p.rank, p.issued)]
     if edges:
         return [_wait_cycle(ctx, edges, waiting)]
 
-    # 3. Everyone seen is in the same collective and nobody seen is missing.
+    # 4. Everyone seen is in the same collective and nobody seen is missing.
     p = min(blocked, key=lambda q: q.issued.t_enter)
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.issued)
@@ -140,6 +146,58 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
         op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=ctx.site(site),
         details={"unseen_ranks": unseen}, **fields,
     )]
+
+
+def _p2p_cycle(ctx: Context, blocked: list[Position]) -> list[Position]:
+    """Ranks blocked in point-to-point calls, each waiting for the next one's matching call, in a cycle."""
+    waits: dict[int, int] = {}
+    where = {p.rank: p for p in blocked}
+    for p in blocked:
+        if p.issued.op in P2P:
+            missing = ctx.missing(p.rank, p.issued)
+            if len(missing) == 1 and missing[0] in where and where[missing[0]].issued.op in P2P:
+                waits[p.rank] = missing[0]
+    for start in sorted(waits):
+        path, r = [start], waits[start]
+        while r in waits and r not in path:
+            path.append(r)
+            r = waits[r]
+        if r == start:
+            return [where[x] for x in path]
+    return []
+
+
+def _schedule_deadlock(ctx: Context, cycle: list[Position], waiting: list[int]) -> Finding:
+    """Ranks each in a send or recv that only the next rank in the cycle could match, and it is in one too."""
+    ranks = [p.rank for p in cycle]
+    tests = {p.rank: ctx.branch(p.rank, p.issued) for p in cycle}
+    tested = [r for r, b in tests.items() if b is not None]
+    culprits = tested if len(tested) == 1 else sorted(ranks)
+    def peer_of(p: Position) -> str:
+        return f"{'from' if p.issued.op in ('recv', 'irecv') else 'to'} rank {p.issued.peer}"
+    each = "; ".join(f"rank {p.rank} is in {p.issued.op} {peer_of(p)} at {ctx.fmt(ctx.user_site(p.rank, p.issued))}"
+                     for p in cycle)
+    same = len({p.issued.op in ("recv", "irecv") for p in cycle}) == 1
+    why = (f"a {cycle[0].issued.op} is matched only by a {MATCHING_P2P[cycle[0].issued.op]}, so none of them can "
+           "proceed" if same else "each waits for a call the next one has not posted")
+    parts = [f"schedule deadlock between {fmt_ranks(ranks)}: {each}", why,
+             "their point-to-point order disagrees (a pipeline schedule whose warm-up or order differs between "
+             "the ranks); this is in the program, not the network"]
+    if len(tested) == 1:
+        parts.append(f"rank {tested[0]}'s call is reached through the rank test {ctx.fmt(tests[tested[0]])}")
+    fields, waiting_txt = ctx.waiting(r for r in waiting if r not in ranks)
+    if waiting_txt:
+        parts.append(waiting_txt)
+    first = cycle[0]
+    return Finding(
+        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=sentence(*parts), op=first.issued.op,
+        group=first.issued.group, seq=first.issued.seq, site=ctx.site(ctx.user_site(first.rank, first.issued)),
+        details={"pattern": "p2p_deadlock", "cycle": [{"rank": p.rank, "op": p.issued.op, "peer": p.issued.peer,
+                                                       "site": ctx.site(ctx.user_site(p.rank, p.issued))}
+                                                      for p in cycle],
+                 "conditional_line": tests[tested[0]] if len(tested) == 1 else None},
+        **fields,
+    )
 
 
 def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:

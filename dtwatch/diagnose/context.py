@@ -188,11 +188,15 @@ class Context:
             peer = call.peer
             peers = ([peer] if peer is not None and peer >= 0
                      else [m for m in self.members(rank, call.group) if m != rank])
+            # A recv is matched by the peer's send to this rank (and a send by a recv): a recv facing a recv
+            # waits for a call the peer has not posted.
+            want = ("recv", "irecv") if call.op in ("send", "isend") else ("send", "isend")
             out = []
             for m in peers:
                 pm = self.pos.get(m)
                 mc = pm.call if pm is not None else None
-                if mc is None or mc.op not in P2P or mc.peer not in (rank, -1):
+                posted = ([mc] if mc is not None else []) + list(self.by_rank[m].open_calls if m in self.by_rank else [])
+                if not any(c.op in want and c.peer in (rank, -1) for c in posted):
                     out.append(m)
             return out
         out = []

@@ -187,8 +187,7 @@ def parting_summary(p: object, *, branch: dict | None, fmt: Callable[[dict | Non
         paired_txt = (f"{fmt_ranks(other)}'s {paired.call.op} at {fmt(paired_site)}" if paired.call is not None
                       else f"{fmt_ranks(other)}'s collective issued from C++ (DDP/FSDP)")
         parts.append(f"the backend paired it with {paired_txt} (seq {first.seq}), so the ranks went on "
-                     f"out of step: every later call of group {group} paired with a different call than the "
-                     "program meant" + (", and their results are mixed" if live else ""))
+                     f"out of step in group {group} from there" + (" and their results are mixed" if live else ""))
     if not decided:
         parts.append("the two sides are the same size and no rank test was found, so whether one side made an "
                      "extra call or the other skipped it is not known")

@@ -69,12 +69,24 @@ def _where(op: str | None, group: str | None, seq: int | None, site: dict | None
     return text or "at an unknown point"
 
 
+def _lead(f: Finding) -> str:
+    """How the culprit relates to the finding's call: inside it now, or a call it made (or skipped) earlier."""
+    details = f.details or {}
+    if f.kind == "rank_exited":
+        return "last seen in"  # it ended: not inside that call any more
+    if details.get("pattern") == "skipped_call":
+        return "skipped"
+    if details.get("program_order") or details.get("diverged_at"):
+        return "made"  # an earlier call that completed, paired with a different one
+    return "in"
+
+
 def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_dir: str) -> str:
     """The console's lines for an incident: culprit, op, line, who waits, the diagnosis, the evidence."""
     f = findings[0]
     head = f"{verdict_.upper()} [{f.kind}] "
     if f.ranks:
-        lead = "last seen in" if f.kind == "rank_exited" else "in"  # it ended: not inside that call any more
+        lead = _lead(f)
         first = head + f"{fmt_ranks(f.ranks)} {_where(f.op, f.group, f.seq, f.site, lead, root=True)}"
         branch = (f.details or {}).get("conditional_line")
         if isinstance(branch, dict) and _file_line(branch) != _file_line(f.site or {}):
