@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 
+HISTORY = 512  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
 WINDOW = 160  # tokens aligned after the first number where the streams differ (bounds the O(n^2) table)
 MATCH, SAME_SHAPE, GAP = 0.0, 0.5, 1.0  # costs: an identical call; same op and shape from another line; one side only
 CPP_KEY = (CPP_OP, "", None)
@@ -109,8 +110,8 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str, name
             covered[q] = c
     if not covered and not g.complete:
         return []
-    start = 1 if g.complete else min(covered)
     top = max(g.seq, max(covered, default=0))
+    start = max(1 if g.complete else min(covered), top - HISTORY + 1)
     out: list[Token] = []
     q = start
     while q <= top:

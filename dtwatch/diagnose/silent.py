@@ -36,10 +36,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from dtwatch.diagnose.align import parting, stream
 from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.flight import op_family
+from dtwatch.diagnose.order import call_branch, parting_finding
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
-from dtwatch.diagnose.text import silent_desync_summary
+from dtwatch.diagnose.text import fmt_site, silent_desync_summary, with_source
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 
 CPP = "cpp"
@@ -137,7 +140,25 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
             reported.add((group, seq))
             found.append(finding)
             break
+        else:
+            parted = _parted(members, group, now, evidence)
+            if parted is not None:
+                reported.add((group, parted.seq))
+                found.append(parted)
     return found
+
+
+def _parted(members: list[RankState], group: str, now: float, evidence: Evidence | None) -> Finding | None:
+    """Program order (:mod:`.align`): an extra or skipped call after which the ranks' streams pair again, while
+    the job runs. A running rank's stream may still grow, so only what its later calls already show counts."""
+    ev = evidence or Evidence()
+    streams = {s.rank: stream(s, group, op_family) for s in members}
+    p = parting(group, streams, {s.rank: s.gone for s in members},
+                under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+    if p is None:
+        return None
+    return parting_finding(p, ev, severity=WARNING, now=now, fmt=lambda site: fmt_site(with_source(site, ev), ev),
+                           site_of=lambda site: with_source(site, ev))
 
 
 def _under_rank_test(sig: tuple | str, evidence: Evidence | None) -> bool:
