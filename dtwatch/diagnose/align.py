@@ -134,9 +134,11 @@ def _cost(x: Token, y: Token) -> float | None:
     return None
 
 
-def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool) -> tuple[float, list[Step]]:
+def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool,
+          anchored: bool = True) -> tuple[float, list[Step]]:
     """The cheapest alignment of ``a`` and ``b`` (both start at the same sequence number). A stream that is
-    not final may end anywhere: the other's calls past its end cost nothing."""
+    not final may end anywhere: the other's calls past its end cost nothing. Unless ``anchored`` (the
+    program is known to be at the same point on both at the start), either may also start anywhere."""
     n, m = len(a), len(b)
     inf = float("inf")
     # cost[i][j]: a[:i] aligned with b[:j]
@@ -149,6 +151,9 @@ def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool) -> tu
             if i == 0 and j == 0:
                 continue
             best, how = inf, 0
+            if not anchored and (i == 0 or j == 0):
+                row[j], back[i][j] = 0.0, (3 if i == 0 else 2)  # a free start on the other stream
+                continue
             if i and j:
                 c = _cost(a[i - 1], b[j - 1])
                 if c is not None and prev is not None and prev[j - 1] + c < best:
@@ -182,12 +187,12 @@ def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool) -> tu
     return total, steps
 
 
-def interior_edits(steps: list[Step]) -> list[tuple[int, int]]:
+def interior_edits(steps: list[Step], anchored: bool = True) -> list[tuple[int, int]]:
     """(start, end) index ranges into ``steps`` of runs of one-sided steps that the streams pair again
-    after (a later ``pair`` step)."""
+    after (a later ``pair`` step); unless ``anchored``, not before the first pair either."""
     last_pair = max((k for k, st in enumerate(steps) if st.kind == "pair"), default=-1)
     runs: list[tuple[int, int]] = []
-    k = 0
+    k = 0 if anchored else next((k for k, st in enumerate(steps) if st.kind == "pair"), len(steps))
     while k < last_pair:
         if steps[k].kind == "pair":
             k += 1
@@ -234,13 +239,18 @@ def parting(group: str, streams: dict[int, list[Token]], final: dict[int, bool],
     cut = {r: [t for t in ts if t.seq >= first][:WINDOW] for r, ts in streams.items()}
     if any(not ts or ts[0].seq != first for ts in cut.values()):
         return None  # a multi-number call straddles the point: the streams cannot be cut there alike
+    # The programs are known to be at the same point where the streams part when the records go back to the
+    # first call, or when the calls before it agree and are not all alike (a stream of identical calls looks
+    # the same shifted by one; so does a window that begins after an earlier parting).
+    before = {t.key for t in next(iter(streams.values())) if t.seq < first}
+    anchored = all(ts[0].seq == 1 for ts in streams.values()) or len(before) >= 2
 
     # Classes of ranks whose streams align without an edit; the largest is the reference.
     classes: list[list[int]] = []
     for r in sorted(cut):
         for cls in classes:
             rep = cls[0]
-            if _edits(cut[r], cut[rep], final[r], final[rep]) == []:
+            if _edits(cut[r], cut[rep], final[r], final[rep], anchored) == []:
                 cls.append(r)
                 break
         else:
@@ -251,23 +261,25 @@ def parting(group: str, streams: dict[int, list[Token]], final: dict[int, bool],
     reference = classes[0]
     found: list[Parting] = []
     for cls in classes[1:]:
-        p = _parting_of(group, cls, reference, cut, final, under_rank_test, tie=len(cls) == len(reference))
+        p = _parting_of(group, cls, reference, cut, final, under_rank_test, tie=len(cls) == len(reference),
+                        anchored=anchored)
         if p is not None:
             found.append(p)
     return min(found, key=lambda p: (p.seq, len(p.ranks))) if found else None
 
 
-def _edits(a: list[Token], b: list[Token], a_final: bool, b_final: bool) -> list[tuple[int, int]]:
-    _, steps = align(a, b, a_final=a_final, b_final=b_final)
-    return interior_edits(steps)
+def _edits(a: list[Token], b: list[Token], a_final: bool, b_final: bool, anchored: bool) -> list[tuple[int, int]]:
+    _, steps = align(a, b, a_final=a_final, b_final=b_final, anchored=anchored)
+    return interior_edits(steps, anchored)
 
 
 def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int, list[Token]],
-                final: dict[int, bool], under_rank_test: Callable[[int, Token], bool], tie: bool) -> Parting | None:
+                final: dict[int, bool], under_rank_test: Callable[[int, Token], bool], tie: bool,
+                anchored: bool) -> Parting | None:
     r, ref = cls[0], reference[0]
     a, b = cut[r], cut[ref]
-    _, steps = align(a, b, a_final=final[r], b_final=final[ref])
-    runs = interior_edits(steps)
+    _, steps = align(a, b, a_final=final[r], b_final=final[ref], anchored=anchored)
+    runs = interior_edits(steps, anchored)
     if not runs:
         return None
     start, end = runs[0]

@@ -71,6 +71,11 @@ class Evidence:
         """What the states are a sample of, when they are (a large job); None: every rank that has a ring."""
         return None
 
+    def earlier_findings(self) -> list:
+        """Warnings already reported while the job ran (:class:`~dtwatch.diagnose.model.Finding`), oldest first:
+        a silent desync seen then may have left the rings' history since."""
+        return []
+
 
 class FileEvidence(Evidence):
     """Evidence from this machine: source files, lint, and whatever the watchdog collected."""
@@ -82,9 +87,11 @@ class FileEvidence(Evidence):
         flight_records: dict[int, dict] | None = None,
         endings: Callable[[int], dict | None] | None = None,
         sample: ViewSample | None = None,
+        earlier: list | None = None,
     ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self._sample = sample
+        self._earlier = list(earlier or [])
         self._stacks = stacks
         self._fr = flight_records or {}
         self._endings = endings
@@ -130,6 +137,9 @@ class FileEvidence(Evidence):
 
     def view_sample(self) -> ViewSample | None:
         return self._sample
+
+    def earlier_findings(self) -> list:
+        return self._earlier
 
 
 class RecordedEvidence(Evidence):

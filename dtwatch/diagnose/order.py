@@ -6,6 +6,7 @@ more), and live, as a warning, while the job still runs (only ended ranks' strea
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from dtwatch.diagnose.align import Parting, Token, parting, stream
@@ -89,9 +90,12 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
         return s.gone or (p is not None and p.state in ("blocked", "gone", "unresponsive"))
 
     p = first_parting(ctx.states, final, ctx.ev)
-    if p is None:
-        return None
-    f = parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now)
+    if p is not None:
+        f = parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now)
+    else:
+        f = _seen_earlier(ctx)
+        if f is None:
+            return None
     ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
     by_how: dict[str, list[int]] = {}
@@ -106,3 +110,24 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
             setattr(f, k, v)
     f.onset = f.onset or ctx.onset
     return f
+
+
+def _seen_earlier(ctx: Context) -> Finding | None:
+    """A silent desync reported while the job ran, in a group the ranks still share, when the calls it was
+    seen at have left the rings' history since (their window now starts after it)."""
+    for w in ctx.ev.earlier_findings():
+        details = getattr(w, "details", None) or {}
+        if not (details.get("silent") or details.get("program_order")) or w.group is None or w.seq is None:
+            continue
+        groups = [s.groups[w.group] for s in ctx.states if w.group in s.groups]
+        if len(groups) < 2 or not any(g.recent and min(c.seq for c in g.recent) > w.seq for g in groups):
+            continue
+        when = time.strftime("%H:%M:%S", time.localtime(w.detected)) if w.detected else "earlier"
+        body = w.summary.replace(" and their results are mixed", "").rstrip(". ")
+        return Finding(
+            kind=w.kind, severity=STALL, ranks=list(w.ranks), op=w.op, group=w.group, seq=w.seq, site=w.site,
+            summary=sentence(body, f"this was seen at {when} while the job ran; the records of those calls have "
+                             "been overwritten since, so whether the ranks came back in step after it is not known"),
+            onset=w.onset, detected=ctx.now, details={**details, "silent": False, "seen_earlier": when},
+        )
+    return None

@@ -16,15 +16,19 @@ from typing import Any, NamedTuple, TypeAlias
 
 from dtwatch.lint import ranks, syntax
 from dtwatch.lint.finding import LintFinding
+from dtwatch.lint.local import Context, Definitions, FunctionNode
 from dtwatch.lint.syntax import Located
 from dtwatch.lint.vocabulary import (
     COLLECTIVE_KEYWORDS,
+    COLLECTIVE_PROPERTIES,
     COLLECTIVES,
+    CONVENTIONAL_ALIASES,
     DISTRIBUTED_RECEIVERS,
     EXIT_CALLS,
     RANK_DECORATORS,
     RANK_HINT,
     Op,
+    in_modules,
     is_distributed_module,
 )
 
@@ -43,9 +47,18 @@ Body: TypeAlias = ranks.Scope | ast.For | ast.AsyncFor | ast.While
 
 
 class Match(NamedTuple):
-    name: str  # the COLLECTIVES (or COLLECTIVE_KEYWORDS) key
+    name: str  # the COLLECTIVES (COLLECTIVE_KEYWORDS, COLLECTIVE_PROPERTIES) key, or a same-file function's qualname
     op: Op
     text: str  # "dist.barrier()", as shown in findings
+    via: tuple[tuple[str, int], ...] = ()  # for a same-file function: the calls down to the collective, (text, line)
+
+    def describe(self, line: int | None = None) -> str:
+        """The call, its line if given, and for a same-file function what makes it collective:
+        ``ckpt.save() (line 20; it calls dist.barrier() at line 12)``."""
+        notes = [f"line {line}"] if line is not None else []
+        if self.via:
+            notes.append("it calls " + ", which calls ".join(f"{text} at line {n}" for text, n in self.via))
+        return f"{self.text} ({'; '.join(notes)})" if notes else self.text
 
 
 class Arm(NamedTuple):
@@ -69,8 +82,11 @@ class ModuleChecker:
     def __init__(self, source: str, path: str, tree: ast.Module) -> None:
         self.source, self.path, self.tree = source, path, tree
         self.lines = syntax.split_lines(source)
-        self.aliases: frozenset[str] = frozenset()  # local names of torch.distributed-like modules
+        self.aliases: dict[str, str] = {}  # local names of torch.distributed-like modules -> what they name
         self.imported: dict[str, str] = {}  # local name -> collective, from "from torch.distributed import"
+        self.defs = Definitions()  # the module's own functions and classes
+        self.context = Context()  # what names mean in the scope being walked
+        self._summaries: dict[FunctionNode, Match | None] = {}  # cache for summary()
         self.findings: list[LintFinding] = []
         self.conditional_lines: set[int] = set()
         self.branches: dict[int, Condition] = {}  # line -> the innermost rank condition it runs under
@@ -86,13 +102,14 @@ class ModuleChecker:
             ast.For: self.visit_for, ast.AsyncFor: self.visit_for, ast.While: self.visit_while,
             ast.If: self.visit_if, ast.IfExp: self.visit_ifexp, ast.BinOp: self.visit_binop,
             ast.BoolOp: self.visit_boolop, ast.Call: self.visit_call, ast.Return: self.visit_return,
-            ast.Break: self.visit_break, ast.Continue: self.visit_continue,
+            ast.Break: self.visit_break, ast.Continue: self.visit_continue, ast.Attribute: self.visit_attribute,
         }
 
     def run(self) -> ModuleChecker:
         if RANK_HINT.search(self.source):
             self.aliases, self.imported = distributed_imports(self.tree)
             self.rank_attrs = ranks.rank_attributes(self.tree)
+            self.defs = Definitions.of(self.tree)
             self._scope(self.tree, (), {})
         return self
 
@@ -116,11 +133,12 @@ class ModuleChecker:
     # Scopes and loops.
     def _scope(self, node: ranks.Scope, body_conds: Conditions, inherited: Mapping[str, bool]) -> None:
         """Visit the body of a module, function or class, whose names and ifs are its own."""
-        saved = self.names, self.arms
+        saved = self.names, self.arms, self.context
         if isinstance(node, ast.Module):
             inherited = {**inherited, **{"." + attr: True for attr in self.rank_attrs}}
         self.names = ranks.scope_names(node, inherited)
         self.arms = []
+        self.context = self.defs.contexts.get(node, self.context)
         for child in syntax.walk_scope(node.body):
             if isinstance(child, ast.If) and self.is_rank_test(child.test):
                 body, orelse = self.sides(child)
@@ -132,7 +150,7 @@ class ModuleChecker:
         self.frames.append(Frame(node, False, len(body_conds)))
         self.visit_all(node.body, body_conds)
         self.frames.pop()
-        self.names, self.arms = saved
+        self.names, self.arms, self.context = saved
 
     def visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, conds: Conditions) -> None:
         self.visit_all(node.decorator_list, conds)
@@ -141,7 +159,7 @@ class ModuleChecker:
             self.visit(node.returns, conds)
         body_conds: Conditions = ()  # defined here, called who knows where
         for decorator in node.decorator_list:
-            if syntax.tail(decorator.func if isinstance(decorator, ast.Call) else decorator) in RANK_DECORATORS:
+            if is_rank_decorator(decorator):
                 label = "@" + self.segment(decorator)
                 body_conds = (Condition(label, f"rank-restricted function {self.quote(label, decorator)}", node),)
         self._scope(node, body_conds, self.names)
@@ -239,19 +257,31 @@ class ModuleChecker:
     # Calls and exits.
     def visit_call(self, node: ast.Call, conds: Conditions) -> None:
         match = self.collective(node)
-        unbalanced = [c for c in conds if match.name not in c.balanced] if match is not None else []
-        if match is not None and unbalanced:
-            cond, text = unbalanced[-1], match.text
-            if match.op.p2p:
-                advice = f"{match.op.reason}; check that every rank's path posts the matching call"
-            else:
-                advice = ("only some ranks will call it and the others will hang; "
-                          "call it on every rank and gate only the side effect")
-            code = "DTW003" if match.op.p2p else "DTW001"
-            self.report(node, code, text, cond, f"{text} inside {cond.where}: {advice}")
+        if match is not None:
+            self.check_collective(node, match, conds)
         if syntax.dotted(node.func) in EXIT_CALLS:
             self.check_exit(node, self.segment(node.func) + "()", conds)
         self.generic_visit(node, conds)
+
+    def visit_attribute(self, node: ast.Attribute, conds: Conditions) -> None:
+        match = self.collective_property(node)
+        if match is not None:
+            self.check_collective(node, match, conds)
+        self.generic_visit(node, conds)
+
+    def check_collective(self, node: ast.expr, match: Match, conds: Conditions) -> None:
+        """DTW001/DTW003 when a rank condition around ``node`` is not balanced by the other ranks."""
+        unbalanced = [c for c in conds if match.name not in c.balanced]
+        if not unbalanced:
+            return
+        cond, text = unbalanced[-1], match.text
+        if match.op.p2p:
+            advice = f"{match.op.reason}; check that every rank's path posts the matching call"
+        else:
+            advice = ("only some ranks will call it and the others will hang; "
+                      "call it on every rank and gate only the side effect")
+        code = "DTW003" if match.op.p2p else "DTW001"
+        self.report(node, code, text, cond, f"{match.describe()} inside {cond.where}: {advice}")
 
     def visit_return(self, node: ast.Return, conds: Conditions) -> None:
         self.check_exit(node, "return", conds)
@@ -275,8 +305,8 @@ class ModuleChecker:
         def outside(pos: tuple[int, int]) -> bool:
             return not start <= pos <= end
 
-        def collectives(body: Sequence[ast.stmt]) -> list[tuple[tuple[int, int], str]]:
-            return [(pos, match.text) for pos, match in self.calls_in(body) if not match.op.p2p]
+        def collectives(body: Sequence[ast.stmt]) -> list[tuple[tuple[int, int], Match]]:
+            return [(pos, match) for pos, match in self.calls_in(body) if not match.op.p2p]
 
         if exit_text == "continue":  # skips the rest of this iteration
             skipped = [c for c in collectives(target.node.body) if c[0] > end]
@@ -289,9 +319,9 @@ class ModuleChecker:
                     skipped += [c for c in collectives(frame.node.body) if outside(c[0])]
         if not skipped:
             return
-        (line, _), text = min(skipped)
-        self.report(node, "DTW002", exit_text, cond, f"{exit_text} inside {cond.where} skips {text} "
-                    f"(line {line}) on those ranks, so the other ranks will hang in it; let every rank reach "
+        (line, _), match = min(skipped, key=lambda item: item[0])
+        self.report(node, "DTW002", exit_text, cond, f"{exit_text} inside {cond.where} skips {match.describe(line)} "
+                    "on those ranks, so the other ranks will hang in it; let every rank reach "
                     "the collective (broadcast the decision to stop first)")
 
     def _exit_target(self, leaves_loop: bool) -> int | None:
@@ -303,13 +333,18 @@ class ModuleChecker:
         return None
 
     def calls_in(self, nodes: Sequence[ast.AST]) -> list[tuple[tuple[int, int], Match]]:
-        """(position, match) of each collective that ``nodes`` run themselves (not nested functions)."""
+        """(position, match) of each collective that ``nodes`` run themselves (not nested functions),
+        collective properties (``trainer.log_dir``) included."""
         found = []
         for node in syntax.walk_scope(nodes):
             if isinstance(node, ast.Call):
                 match = self.collective(node)
-                if match is not None:
-                    found.append((syntax.start(node), match))
+            elif isinstance(node, ast.Attribute):
+                match = self.collective_property(node)
+            else:
+                continue
+            if match is not None:
+                found.append((syntax.start(node), match))
         return found
 
     def counts(self, nodes: Sequence[ast.AST]) -> Counter[str]:
@@ -322,14 +357,19 @@ class ModuleChecker:
         return self._sides[node]
 
     def collective(self, call: ast.Call) -> Match | None:
-        """What ``call`` is, if it is a collective (or p2p op)."""
+        """What ``call`` is, if it is a collective (or p2p op), or a call of a same-file function that
+        calls one (the module's own definition wins over the name)."""
         func, name = call.func, None
+        target = self.defs.target(func, self.context)
+        if target is not None:
+            return self.summary(target, self.segment(func) + "()")
         if isinstance(func, ast.Name):
             name = self.imported.get(func.id)
-            if name is None and func.id in COLLECTIVES and not COLLECTIVES[func.id].qualified:
+            op = COLLECTIVES.get(func.id)
+            if name is None and op is not None and not op.qualified and not op.restricted:
                 name = func.id
         elif isinstance(func, ast.Attribute) and func.attr in COLLECTIVES:
-            if not COLLECTIVES[func.attr].qualified or self.is_distributed(func.value):
+            if self.counts_on(COLLECTIVES[func.attr], func.value):
                 name = func.attr
         if name is not None:
             return Match(name, COLLECTIVES[name], self.segment(func) + "()")
@@ -339,11 +379,60 @@ class ModuleChecker:
                 return Match(keyword.arg, COLLECTIVE_KEYWORDS[keyword.arg], text)
         return None
 
+    def collective_property(self, node: ast.Attribute) -> Match | None:
+        """``trainer.log_dir`` read (not assigned): a property that runs a collective."""
+        op = COLLECTIVE_PROPERTIES.get(node.attr)
+        if op is None or not isinstance(node.ctx, ast.Load) or not self.counts_on(op, node.value):
+            return None
+        return Match(node.attr, op, self.segment(node))
+
+    def summary(self, function: FunctionNode, text: str) -> Match | None:
+        """A call of a same-file function that runs a collective itself (first in its body, nested
+        functions aside, calls of other same-file functions followed); None when it runs none, runs only
+        p2p ops, or runs only on some ranks anyway (``@rank_zero_only``: reported inside)."""
+        if function not in self._summaries:
+            self._summaries[function] = None  # while in progress: a recursive call adds nothing
+            inner = None
+            if not any(is_rank_decorator(d) for d in function.decorator_list):
+                saved, self.context = self.context, self.defs.contexts.get(function, self.context)
+                found = sorted(((pos, m) for pos, m in self.calls_in(function.body) if not m.op.p2p),
+                               key=lambda item: item[0])
+                self.context = saved
+                if found:
+                    (line, _), first = found[0]
+                    inner = Match(self.defs.qualnames.get(function, function.name),
+                                  Op(f"calls {first.text} (line {line})"), "", ((first.text, line), *first.via))
+            self._summaries[function] = inner
+        inner = self._summaries[function]
+        return inner._replace(text=text) if inner is not None else None
+
+    def counts_on(self, op: Op, receiver: ast.expr) -> bool:
+        """Whether ``op``'s name, called on (or read from) ``receiver``, is the collective."""
+        module = self.module_of(receiver)
+        if op.restricted:
+            if module is not None:
+                return in_modules(module, op.modules)
+            return receiver_tail(receiver).endswith(tuple(op.receivers)) if op.receivers else False
+        return not op.qualified or module is not None or self.is_distributed(receiver)
+
+    def module_of(self, receiver: ast.expr) -> str | None:
+        """The torch.distributed-like module ``receiver`` names, aliases expanded (``dcp`` from ``import
+        torch.distributed.checkpoint as dcp``), or None."""
+        dotted = syntax.dotted(receiver)
+        if dotted is None:
+            return None
+        head, dot, rest = dotted.partition(".")
+        if head in self.aliases:
+            dotted = self.aliases[head] + dot + rest
+        elif head in CONVENTIONAL_ALIASES:
+            dotted = CONVENTIONAL_ALIASES[head] + dot + rest
+        return dotted if is_distributed_module(dotted) else None
+
     def is_distributed(self, receiver: ast.expr) -> bool:
         dotted = syntax.dotted(receiver)
         if dotted is None:
             return False
-        tail = dotted.rsplit(".", 1)[-1].lstrip("_").lower()
+        tail = receiver_tail(receiver)
         return (dotted in self.aliases or tail in DISTRIBUTED_RECEIVERS or tail.endswith("accelerator")
                 or is_distributed_module(dotted))
 
@@ -370,20 +459,34 @@ class ModuleChecker:
         return f"'{label}' (line {node.lineno})"
 
 
-def distributed_imports(tree: ast.Module) -> tuple[frozenset[str], dict[str, str]]:
-    """Module aliases (``import torch.distributed as td``) and collectives imported by name
-    (``from torch.distributed import reduce as r`` gives ``{"r": "reduce"}``)."""
-    aliases: set[str] = set()
+def distributed_imports(tree: ast.Module) -> tuple[dict[str, str], dict[str, str]]:
+    """Module aliases and what they name (``import torch.distributed.checkpoint as dcp`` gives
+    ``{"dcp": "torch.distributed.checkpoint"}``) and collectives imported by name (``from
+    torch.distributed import reduce as r`` gives ``{"r": "reduce"}``; a name restricted to some modules,
+    such as DCP's ``save``, only from those)."""
+    aliases: dict[str, str] = {}
     imported: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            aliases.update(a.asname for a in node.names if a.asname and is_distributed_module(a.name))
+            aliases.update((a.asname, a.name) for a in node.names if a.asname and is_distributed_module(a.name))
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
-                if is_distributed_module(f"{node.module}.{alias.name}"):
-                    local = alias.asname or alias.name
-                    if alias.name in COLLECTIVES:
+                full = f"{node.module}.{alias.name}"
+                if is_distributed_module(full):
+                    local, op = alias.asname or alias.name, COLLECTIVES.get(alias.name)
+                    if op is not None and (not op.restricted or in_modules(node.module, op.modules)):
                         imported[local] = alias.name
                     else:
-                        aliases.add(local)
-    return frozenset(aliases), imported
+                        aliases[local] = full
+    return aliases, imported
+
+
+def is_rank_decorator(decorator: ast.expr) -> bool:
+    """``@rank_zero_only``, ``@accelerator.on_main_process``, ``@on_process(process_index=1)``..."""
+    return syntax.tail(decorator.func if isinstance(decorator, ast.Call) else decorator) in RANK_DECORATORS
+
+
+def receiver_tail(receiver: ast.expr) -> str:
+    """The receiver's last name, lower-case, without leading underscores: ``self._trainer`` gives "trainer"."""
+    dotted = syntax.dotted(receiver)
+    return dotted.rsplit(".", 1)[-1].lstrip("_").lower() if dotted is not None else ""

@@ -78,6 +78,8 @@ def refine(incident: Incident, run_dir: str, dumps: dict[int, StackDump | None],
            heartbeat_stale: float | None) -> tuple[Finding, ...]:
     """The same diagnosis again with the evidence collected since (stacks, Flight Recorder entries naming
     C++-issued calls); the incident's findings when it finds nothing."""
+    if any(f.details.get("seen_earlier") for f in incident.findings):
+        return incident.findings  # from a warning of the running job: the evidence collected since cannot add to it
     frames = {r: main_thread_frames(d.threads) for r, d in dumps.items() if d is not None and d.threads}
     by_rank = {s.rank: s for s in incident.local}
 

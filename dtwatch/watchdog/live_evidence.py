@@ -62,7 +62,8 @@ class LiveEvidence:
                         early.summaries[rank] = summary
         return dict(early.summaries)
 
-    def for_diagnosis(self, local: list[RankState], *, sample: ViewSample | None = None) -> FileEvidence:
+    def for_diagnosis(self, local: list[RankState], *, sample: ViewSample | None = None,
+                      earlier: list | None = None) -> FileEvidence:
         """What one poll's diagnosis may look at (py-spy runs at most once per rank per poll); ``sample``:
         the other nodes' ranks are a sample of a large job (see :class:`ViewSample`)."""
         by_rank = {s.rank: s for s in local}
@@ -81,5 +82,5 @@ class LiveEvidence:
             s = by_rank.get(rank)
             return process_ending(self.run_dir, rank, s.start_time) if s is not None else None
 
-        return FileEvidence(stacks=stack, endings=ending, sample=sample,
+        return FileEvidence(stacks=stack, endings=ending, sample=sample, earlier=earlier,
                             flight_records=self.early_flight_records() if self.early.requests else None)

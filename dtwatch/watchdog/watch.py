@@ -155,7 +155,8 @@ class Watchdog:
         states = self.peers.merge(local)
 
         # A crash needs no window; a stall needs the window without progress.
-        result = diagnose(states, now, window, self.live.for_diagnosis(local, sample=self.peers.sample),
+        result = diagnose(states, now, window, self.live.for_diagnosis(local, sample=self.peers.sample,
+                                                                    earlier=self.warnings.all),
                           heartbeat_stale=self.opts.heartbeat_stale) if states else None
         step = next_step(self.incident, result, states, now, window, view_settling=self.peers.settling(now))
         if step is Step.OPEN and result is not None:
