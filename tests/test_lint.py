@@ -134,6 +134,10 @@ def test_to_dict_has_every_field() -> None:
     "is_local_main_process", "accelerator.is_main_process", "trainer.is_global_zero", "is_global_zero",
     "main_process", "my_rank == 1", "world_rank == 1", "RANK == 0", "myRank == 0", "ok and rank == 0",
     "local_rank == -1 or local_rank == 0",
+    # Accelerate, Lightning and Fabric.
+    "accelerator.process_index == 0", "accelerator.local_process_index == 0", "accelerator.is_last_process",
+    "state.is_main_process", "self.global_rank == 0", "self.trainer.is_global_zero", "self.local_rank == 0",
+    "fabric.is_global_zero", "fabric.global_rank == 0", "fabric.node_rank == 0",
 ])
 def test_rank_conditional_tests(test: str) -> None:
     findings = lint_source(f"if {test}:\n    dist.barrier()\n", "t.py")
@@ -158,6 +162,12 @@ def test_tests_that_are_not_rank_conditional(test: str) -> None:
     "accelerator.gather(t)", "self.trainer.strategy.broadcast(x)", "fabric.broadcast(x)",
     "barrier()", "anything.all_gather(t)", "FSDP.summon_full_params(model)",
     "dist.all_gather_single(a, b)", "dist.reduce_scatter_single(a, b)", "c10d.all_gather_single(a, b)",
+    # Accelerate, Lightning, Fabric and Distributed Checkpoint.
+    "accelerator.wait_for_everyone()", "self.accelerator.check_trigger()", "accelerator.pad_across_processes(t)",
+    "trainer.strategy.barrier()", "self.trainer.strategy.reduce_boolean_decision(d)", "self.all_gather(t)",
+    "trainer.save_checkpoint(path)", "self._trainer.save_checkpoint(path)", "fabric.save(path, state)",
+    "self.fabric.load(path, state)", "fabric.all_reduce(t)", "torch.distributed.checkpoint.save(state)",
+    "torch.distributed.checkpoint.state_dict_saver.save(state)", "dist.checkpoint.load(state)",
 ])
 def test_collective_calls(call: str) -> None:
     [finding] = lint_source(f"if rank == 0:\n    {call}\n", "t.py")
@@ -168,6 +178,12 @@ def test_collective_calls(call: str) -> None:
 @pytest.mark.parametrize("call", [
     "gather(t)", "reduce(f, xs)", "np.broadcast(a, b)", "torch.scatter(t, 0, i, s)", "sock.send(b)",
     "queue.recv()", "print(rank)", "dist.get_rank()", "dist.is_initialized()",
+    # The same names where they are not collectives: the receiver or module decides.
+    "torch.save(m, path)", "accelerator.save(m, path)", "save(m, path)", "torch.load(path)", "json.load(f)",
+    "strategy.save(x)", "dist.save(x)", "model.load_state_dict(sd)", "load_state_dict(sd)",
+    "save_checkpoint(path)", "callback.save_checkpoint(path)", "get_model_state_dict(model)",
+    "self.get_state_dict()", "check_trigger()", "accelerator.set_trigger()", "accelerator.print(x)",
+    "fabric.print(x)", "fabric.log('loss', t)",
 ])
 def test_calls_that_are_not_collectives(call: str) -> None:
     assert lint_source(f"if rank == 0:\n    {call}\n", "t.py") == []
@@ -180,6 +196,77 @@ def test_import_aliases_make_plain_names_collectives() -> None:
         "if rank == 0:\n    bcast(t, 0)\n    reduce(t, 0)\n    td.gather(t)\n"
     )
     assert [f.call for f in lint_source(source, "t.py")] == ["bcast()", "reduce()", "td.gather()"]
+
+
+def test_checkpoint_names_count_only_from_distributed_checkpoint() -> None:
+    source = (
+        "from torch.distributed.checkpoint import save as dcp_save, load_state_dict\n"
+        "from torch.distributed import checkpoint\n"
+        "from accelerate.utils import save\n"
+        "import torch.distributed.checkpoint.state_dict as sd\n"
+        "if rank == 0:\n    dcp_save(s)\n    load_state_dict(s)\n    checkpoint.load(s)\n"
+        "    sd.get_model_state_dict(m)\n    save(s, path)\n    torch.save(s, path)\n"
+    )
+    assert [f.call for f in lint_source(source, "t.py")] == [
+        "dcp_save()", "load_state_dict()", "checkpoint.load()", "sd.get_model_state_dict()"]
+
+
+def test_log_dir_is_a_collective_when_read_from_a_trainer() -> None:
+    source = (
+        "if trainer.is_global_zero:\n"
+        "    path = trainer.log_dir\n    other = args.log_dir\n    logger.log_dir\n    trainer.log_dir = path\n"
+    )
+    [finding] = lint_source(source, "t.py")
+    assert (finding.line, finding.code, finding.call) == (2, "DTW001", "trainer.log_dir")
+    assert finding.message.startswith("trainer.log_dir inside rank-conditional branch 'if trainer.is_global_zero'")
+
+
+def test_main_process_first_is_not_a_rank_test() -> None:
+    source = (
+        "with accelerator.main_process_first():\n    accelerator.wait_for_everyone()\n"
+        "with fabric.rank_zero_first():\n    fabric.barrier()\n"
+    )
+    assert lint_source(source, "t.py") == []
+    assert dtwatch.lint.checker.rank_branches(source, "t.py") == {}
+
+
+def test_a_same_file_function_is_a_collective_when_it_calls_one() -> None:
+    path = FIXTURES / "wrappers.py"
+    by_line = {f.line: f for f in lint_file(path)}
+    save = by_line[line_of(path, "checkpointer.save(model)  # expect")]
+    assert save.call == "checkpointer.save()"
+    gather_line = line_of(path, "return get_model_state_dict(model)")
+    assert save.message.startswith(
+        f"checkpointer.save() (it calls self._full_state_dict() at line {gather_line - 5}, which calls "
+        f"get_model_state_dict() at line {gather_line}) inside rank-conditional branch 'if rank == 0'")
+    chained = by_line[line_of(path, "self.sync(t)  # expect")]
+    assert "which calls sync_all() at line" in chained.message and "which calls dist.all_reduce()" in chained.message
+    stop = by_line[line_of(path, "return  # expect: DTW002")]
+    assert f"skips checkpointer.save() (line {line_of(path, 'return  # expect: DTW002') + 1}; it calls " in stop.message
+
+
+def test_a_same_file_function_shadows_a_collective_name() -> None:
+    source = (
+        "import torch.distributed as dist\n"
+        "def barrier():\n    print('a local barrier that waits for nobody')\n"
+        "class Sync:\n    def all_gather(self, t):\n        return [t]\n"
+        "    def run(self, rank, t):\n        if rank == 0:\n            self.all_gather(t)\n"
+        "if rank == 0:\n    barrier()\n    dist.barrier()\n"
+    )
+    assert [(f.line, f.call) for f in lint_source(source, "t.py")] == [(12, "dist.barrier()")]
+
+
+def test_rank_branches_know_the_libraries_rank_tests() -> None:
+    """The diagnosis asks which rank test a line runs under: the libraries' tests and decorators count."""
+    source = (
+        "if accelerator.is_last_process:\n    accelerator.wait_for_everyone()\n"
+        "@rank_zero_experiment\ndef experiment(self):\n    return self.trainer.log_dir\n"
+        "if fabric.global_rank == 0:\n    fabric.save(path, state)\n"
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[2] == (1, "if accelerator.is_last_process")
+    assert branches[5] == (4, "@rank_zero_experiment")
+    assert branches[7] == (6, "if fabric.global_rank == 0")
 
 
 def test_single_tensor_collectives_imported_by_name_are_collectives() -> None:

@@ -30,20 +30,41 @@ Codes
             normally written, so the CLI reports it only when asked: ``--select DTW003``.
 
 A test is rank-conditional when it mentions a rank: a name whose last word is ``rank`` (``rank``,
-``local_rank``, ``self.global_rank``, ``dist.get_rank()``, ``myRank``; not ``rankings``), one of
-``RANK_NAMES`` (``is_main_process``, ``trainer.is_global_zero``...), an environment lookup of
-``RANK``/``LOCAL_RANK``/``SLURM_PROCID``..., or a local name assigned from one of those
-(``is_main = rank == 0``). These are the same on every rank, so they do not count: names for
+``local_rank``, ``self.global_rank``, ``fabric.global_rank``, ``dist.get_rank()``, ``myRank``; not
+``rankings``), one of ``RANK_NAMES`` (``accelerator.is_main_process``, ``is_local_main_process``,
+``is_last_process``, ``process_index``, ``trainer.is_global_zero``, ``fabric.is_global_zero``...), an
+environment lookup of ``RANK``/``LOCAL_RANK``/``SLURM_PROCID``..., or a local name assigned from one
+of those (``is_main = rank == 0``). These are the same on every rank, so they do not count: names for
 another rank (``src_rank``, ``peer_rank``: OTHER_RANK_WORDS), ``for`` loop variables
 (``for rank in range(world_size)``), ``dist.get_global_rank(group, 0)``, and ``local_rank == -1``
 or ``rank is None``, which ask "is this run distributed?".
+
+A function decorated ``@rank_zero_only`` (Lightning), ``@rank_zero_experiment``, ``@accelerator.on_main_process``,
+``on_local_main_process``, ``on_last_process``, ``on_process(...)``... runs its body only on some ranks.
+``with accelerator.main_process_first():`` (and Fabric's ``rank_zero_first()``) is not a rank test: rank 0
+goes first, but every rank runs the body and both barriers.
 
 A collective is a call named in ``COLLECTIVES`` (the table says why each one blocks; the torch.distributed
 ones come from the table of ops, :mod:`dtwatch.ops`). Names other
 libraries use as well (``gather``, ``reduce``, ``broadcast``, ``send``...) count only on a
 torch.distributed-like receiver (``dist``, ``torch.distributed``, ``c10d``, an accelerator, a Lightning
 strategy or Fabric, an alias from ``import torch.distributed as td``) or when imported from
-torch.distributed, deepspeed.comm or accelerate. ``self.log(..., sync_dist=True)`` counts too.
+torch.distributed, deepspeed.comm or accelerate (``accelerate.utils.gather``, ``broadcast``...). Some names
+count only on one kind of receiver or from one module: ``fabric.save``/``fabric.load`` and
+``trainer.save_checkpoint`` (they wait in a barrier; ``torch.save``, ``accelerator.save`` do not), and
+Distributed Checkpoint's ``save``/``load``/``async_save`` and its state_dict helpers
+(``get_model_state_dict``, ``get_optimizer_state_dict``, ``get_state_dict``, ``set_model_state_dict``...),
+from ``torch.distributed.checkpoint`` or an alias of it (``dcp.save``). Accelerate's ``wait_for_everyone``,
+``gather_for_metrics``, ``pad_across_processes``, ``check_trigger``, Lightning's ``self.all_gather``,
+``strategy.barrier``/``broadcast``/``reduce_boolean_decision`` and ``self.log(..., sync_dist=True)`` count
+too, and so does reading ``trainer.log_dir`` (the property broadcasts rank 0's directory).
+
+A call of a function or method defined in the same file counts when that function runs a collective
+itself or through another such call (``if rank == 0: checkpointer.save(model)``, where ``save`` gathers
+the state dict; the message names the chain down to the collective). The lint follows plain names through
+the enclosing scopes, ``self.method()``, and ``obj.method()`` where the file builds ``obj`` from one of its
+own classes (``obj = Checkpointer(...)``, ``self.ckpt = Checkpointer(...)``); it never guesses from a name,
+so a method of an imported class is not followed.
 The test of an ``if`` runs on every rank, so a collective in it is not reported by that ``if``.
 
 A collective that the other ranks call too is not reported: when both sides of the ``if``/``else``
@@ -58,15 +79,18 @@ another, opposite test of the same rank in the same function calls it, as in "ra
 
 Suppress a finding with ``# dtwatch: ignore`` or ``# noqa: DTW001`` on the reported line.
 
-Out of scope: calls to your own functions that call a collective inside (``if rank == 0:
-sync_everything()``), calls that are collective only under some wrapper (``model.state_dict()``
-under FSDP, ``metric.compute()`` in torchmetrics), and loops whose trip count depends on the rank.
+Out of scope: calls to functions of other files that call a collective inside (``from utils import
+sync_everything``; ``if rank == 0: sync_everything()``), calls that are collective only under some wrapper
+or strategy (``model.state_dict()`` under FSDP, ``metric.compute()`` in torchmetrics,
+``accelerator.get_state_dict``/``save_model``/``save_state`` under FSDP or DeepSpeed ZeRO-3), and loops
+whose trip count depends on the rank.
 A function merely *defined* inside a rank-conditional branch is not flagged: it may be called
 on every rank.
 
 The modules: this one reads files and applies suppression comments; :mod:`~dtwatch.lint.visitor` walks a
 module's tree carrying the rank conditions; :mod:`~dtwatch.lint.ranks` decides what is a rank test;
-:mod:`~dtwatch.lint.vocabulary` holds the names; :mod:`~dtwatch.lint.finding` what is reported.
+:mod:`~dtwatch.lint.vocabulary` holds the names; :mod:`~dtwatch.lint.local` finds the same-file function
+a call runs; :mod:`~dtwatch.lint.finding` what is reported.
 """
 from __future__ import annotations
 

@@ -19,6 +19,13 @@ def scatter_then_barrier(t, chunks, rank):
         dist.scatter(t, None, src=0)
 
 
+def broadcast_both_arms(t, rank):
+    if rank == 0:  # the same call on both arms: every rank takes part
+        dist.broadcast(t, 0)
+    else:
+        dist.broadcast(t, 0)
+
+
 def broadcast_twice(t, rank):
     if rank == 0:  # one call too many on this side: both are reported
         dist.broadcast(t, src=0)  # expect: DTW001
