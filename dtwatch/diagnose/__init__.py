@@ -101,7 +101,8 @@ def diagnose_fixture(fixture: object) -> list[Finding]:
         return fixture.get(key, default) if isinstance(fixture, dict) else getattr(fixture, key, default)
 
     states = [s if isinstance(s, RankState) else RankState.from_dict(s) for s in get("states", [])]
-    ev = RecordedEvidence(get("sources"), get("stacks"), get("flight_records"), get("endings"))
+    earlier = [w if isinstance(w, Finding) else Finding.from_dict(w) for w in get("warnings", []) or []]
+    ev = RecordedEvidence(get("sources"), get("stacks"), get("flight_records"), get("endings"), earlier)
     result = diagnose(states, float(get("now") or 0.0), float(get("window") or 10.0), ev,
                       assume_stalled=get("source") == "bundle")
     return result.findings

@@ -98,9 +98,9 @@ def _key(c: Call, op_family: Callable[[str], str]) -> tuple:
     return (op_family(c.op), shape, c.user_site_key)
 
 
-def stream(s: RankState, group: str, op_family: Callable[[str], str] = str, name: Callable | None = None) -> list[Token]:
-    """Rank ``s``'s calls of ``group`` that it still has a record of, oldest first (see the module doc).
-    ``name``: (rank, Call) -> Call, names a C++-issued call (unused for the key: not every rank can)."""
+def stream(s: RankState, group: str, op_family: Callable[[str], str] = str) -> list[Token]:
+    """Rank ``s``'s calls of ``group`` that it still has a record of, oldest first (see the module doc);
+    at most the newest :data:`HISTORY` numbers."""
     g = s.groups.get(group)
     if g is None:
         return []
@@ -115,14 +115,14 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str, name
     out: list[Token] = []
     q = start
     while q <= top:
-        c = covered.get(q)
-        if c is None:
+        held = covered.get(q)
+        if held is None:
             out.append(Token(q, CPP_KEY))
             q += 1
             continue
-        if c.op not in P2P_NAMES:
-            out.append(Token(c.seq, _key(c, op_family), c))
-        q = c.seq + max(c.span, 1)
+        if held.op not in P2P_NAMES:
+            out.append(Token(held.seq, _key(held, op_family), held))
+        q = held.seq + max(held.span, 1)
     return out
 
 

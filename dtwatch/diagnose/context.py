@@ -195,7 +195,8 @@ class Context:
             for m in peers:
                 pm = self.pos.get(m)
                 mc = pm.call if pm is not None else None
-                posted = ([mc] if mc is not None else []) + list(self.by_rank[m].open_calls if m in self.by_rank else [])
+                posted = [mc] if mc is not None else []
+                posted += self.by_rank[m].open_calls if m in self.by_rank else []
                 if not any(c.op in want and c.peer in (rank, -1) for c in posted):
                     out.append(m)
             return out

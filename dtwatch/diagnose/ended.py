@@ -6,8 +6,8 @@ from dtwatch.diagnose.compare import conditional, desync, sides_at
 from dtwatch.diagnose.context import P2P, Context, exception_site, is_library_path, with_cpp_entries
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.loops import early_exit_loop, is_return, past_loop, uneven
-from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
+from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.state import CPP_OP, RankState
 from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
 

@@ -146,7 +146,8 @@ class RecordedEvidence(Evidence):
     """Evidence kept with a captured incident (``dtwatch capture``): sources, stacks, flight records."""
 
     def __init__(self, sources: dict | None = None, stacks: dict | None = None,
-                 flight_records: dict | None = None, endings: dict | None = None) -> None:
+                 flight_records: dict | None = None, endings: dict | None = None, earlier: list | None = None) -> None:
+        self._earlier = list(earlier or [])
         self._sources = sources or {}
         self._stacks = stacks or {}
         self._fr = flight_records or {}
@@ -163,6 +164,9 @@ class RecordedEvidence(Evidence):
         if "text" in entry:
             return super().line(path, line)
         return str(entry.get("lines", {}).get(str(line), "")).strip()
+
+    def earlier_findings(self) -> list:
+        return self._earlier
 
     def stack(self, rank: int) -> list[dict] | None:
         return main_thread_frames(self._stacks.get(str(rank)))

@@ -90,12 +90,11 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
         return s.gone or (p is not None and p.state in ("blocked", "gone", "unresponsive"))
 
     p = first_parting(ctx.states, final, ctx.ev)
-    if p is not None:
-        f = parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now)
-    else:
-        f = _seen_earlier(ctx)
-        if f is None:
-            return None
+    found = (parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now) if p is not None
+             else _seen_earlier(ctx))
+    if found is None:
+        return None
+    f = found
     ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
     by_how: dict[str, list[int]] = {}

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.state import CPP_OP, Call
+
+if TYPE_CHECKING:
+    from dtwatch.diagnose.align import Parting, Token
 
 _EVIDENCE = Evidence()
 
@@ -152,22 +156,20 @@ def sentence(*parts: str) -> str:
     return body + "." if body else ""
 
 
-def _call_words(token: object, site_txt: str) -> str:
-    call = getattr(token, "call", None)
-    if call is None:
-        return f"a collective issued from C++ (DDP/FSDP) (seq {getattr(token, 'seq', '?')})"
-    return f"{call.op} (seq {call.seq}) at {site_txt}"
+def _call_words(token: Token, site_txt: str) -> str:
+    if token.call is None:
+        return f"a collective issued from C++ (DDP/FSDP) (seq {token.seq})"
+    return f"{token.call.op} (seq {token.call.seq}) at {site_txt}"
 
 
-def parting_summary(p: object, *, branch: dict | None, fmt: Callable[[dict | None], str], call_site: dict | None,
+def parting_summary(p: Parting, *, branch: dict | None, fmt: Callable[[dict | None], str], call_site: dict | None,
                     paired_site: dict | None, live: bool = False) -> str:
     """Where the ranks' programs parted (:class:`dtwatch.diagnose.align.Parting`): the extra or skipped
     call, the rank test it runs under, what the backend paired it with, and what that did."""
-    ranks, ref = list(getattr(p, "ranks")), list(getattr(p, "reference"))
-    calls = list(getattr(p, "calls"))
-    group, extra, decided = getattr(p, "group"), getattr(p, "extra"), getattr(p, "decided")
+    ranks, ref, calls = list(p.ranks), list(p.reference), list(p.calls)
+    group, extra, decided = p.group, p.extra, p.decided
     first = calls[0]
-    paired = next(iter(getattr(p, "paired_with").values()), None)
+    paired = next(iter(p.paired_with.values()), None)
     what = _call_words(first, fmt(call_site))
     more = f" and {len(calls) - 1} more call{'s' if len(calls) > 2 else ''} after it" if len(calls) > 1 else ""
     owner, other = (ranks, ref) if extra else (ref, ranks)

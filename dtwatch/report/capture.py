@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dtwatch.diagnose.state import Call, RankState, from_snapshot
-from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE
+from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE, is_events_file
 from dtwatch.report.bundle import bundle_findings
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.watchdog.stacks import process_ending
@@ -86,6 +86,7 @@ class Fixture:
     truth: dict | None = None
     findings_at_capture: list[dict] = field(default_factory=list)
     source: str = "bundle"
+    warnings: list[dict] = field(default_factory=list)  # what the watchdogs warned of before the incident
 
     def source_line(self, file: str, line: int) -> str:
         """The text of ``line`` of ``file`` as captured ("" when it was not kept)."""
@@ -125,7 +126,7 @@ def fixture_from_dict(data: dict) -> Fixture:
         sources=data.get("sources", {}), stacks=data.get("stacks", {}), flight_records=data.get("flight_records", {}),
         endings=data.get("endings", {}),
         truth=data.get("truth"), findings_at_capture=data.get("findings_at_capture", []),
-        source=data.get("source", "bundle"),
+        source=data.get("source", "bundle"), warnings=data.get("warnings", []),
     )
 
 
@@ -150,6 +151,7 @@ class Raw:
     findings: list[dict] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     endings: dict[str, dict] = field(default_factory=dict)
+    warnings: list[dict] = field(default_factory=list)
 
 
 def _read_json(path: Path) -> Any:
@@ -189,10 +191,33 @@ def read_bundles(dirs: list[Path]) -> Raw:
     raw.states = [states[r] for r in sorted(states)]
     run_dir = dirs[0].parents[2] if dirs and len(dirs[0].parents) > 2 else None  # <run dir>/incidents/<id>/<node>
     raw.endings = read_endings(run_dir, raw.states) if run_dir is not None else {}
+    if run_dir is not None:
+        raw.warnings = live_warnings(run_dir, raw.now)
     for b in dirs:  # what the watchdog kept, for bundles copied away from their run directory
         for jf in sorted((b / "endings").glob("rank-*.json")):
             raw.endings.setdefault(str(int(jf.stem.split("-")[1])), _read_json(jf))
     return raw
+
+
+def live_warnings(run_dir: Path, before: float) -> list[dict]:
+    """The warnings the watchdogs issued while the job ran, up to ``before`` (their events files), once each."""
+    seen: dict[tuple, dict] = {}
+    for path in sorted(run_dir.glob("*")):
+        if not is_events_file(path.name):
+            continue
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "warning" and float(event.get("detected") or 0.0) <= before:
+                w = {k: v for k, v in event.items() if k != "event"}
+                seen.setdefault((w.get("kind"), tuple(w.get("ranks") or ()), w.get("group"), w.get("seq")), w)
+    return sorted(seen.values(), key=lambda w: float(w.get("detected") or 0.0))
 
 
 def read_endings(run_dir: Path, states: list[dict]) -> dict[str, dict]:
@@ -440,6 +465,7 @@ def capture(src: str | os.PathLike, *, name: str | None = None, relative_to: str
         "flight_records": san.value(frs),
         "endings": san.value(raw.endings),
         "findings_at_capture": san.value(raw.findings),
+        "warnings": san.value(raw.warnings),
         "truth": san.value(truth) if truth is not None else None,
     }
 
