@@ -477,3 +477,22 @@ def test_add_lint_parser_registers_a_lint_verb(capsys: pytest.CaptureFixture[str
     report = json.loads(capsys.readouterr().out)
     assert [f["condition"] for f in report["findings"]] == ["@rank_zero_only", "@accelerator.on_main_process"]
     assert all(isinstance(LintFinding(**f), LintFinding) for f in report["findings"])
+
+
+def test_collectives_after_a_rank_conditional_return_run_under_that_test() -> None:
+    # The DDP tutorial's snapshot with an early return for ranks != 0: its barrier is reached by rank 0 only.
+    source = (
+        "import torch.distributed as dist\n"
+        "def save(model, rank):\n"
+        "    if rank != 0:\n"
+        "        return\n"
+        "    dist.barrier()\n"
+        "def train(rank):\n"
+        "    for step in range(3):\n"
+        "        if rank == 1 and step == 2:\n"
+        "            continue\n"
+        "        dist.all_reduce(x)\n"
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[5] == (3, "if rank != 0: return")
+    assert 10 not in branches  # a rank that skips one iteration still reaches the call in the others

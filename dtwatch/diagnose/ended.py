@@ -139,12 +139,12 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
         return []
     pos = {s.rank: Position(s.rank, "gone", s.last_call(), None) for s in states}
     ctx = Context(states, pos, min(_end_time(s) for s in ended), now, evidence)
-    if any(not s.gone for s in states):
-        # The ranks' programs parted earlier (an extra or skipped call that paired with another): that is
-        # the cause, and ranks that ended cleanly after the same calls as their peers are not.
-        parted = parting_at_stall(ctx, [s.rank for s in states if not s.gone])
-        if parted is not None:
-            return with_cpp_entries(ctx, [parted])
+    # The ranks' programs parted earlier (an extra or skipped call that paired with another): that is the
+    # cause, and ranks that ended cleanly after the same calls as their peers are not. (Ranks that all end
+    # at once by preemption or Ctrl-C have not parted.)
+    parted = parting_at_stall(ctx, [s.rank for s in states if not s.gone])
+    if parted is not None:
+        return with_cpp_entries(ctx, [parted])
     roots = _roots(ctx, ended)
     if roots:
         desync = crash_desync(ctx, roots)

@@ -319,6 +319,12 @@ class ModuleChecker:
                     skipped += [c for c in collectives(frame.node.body) if outside(c[0])]
         if not skipped:
             return
+        if exit_text not in ("break", "continue"):
+            # The collectives after a rank-conditional return run only on the ranks that did not return: for the
+            # runtime diagnosis they are reached through that test (named with its exit).
+            gated = Condition(f"{cond.label}: {exit_text}", cond.where, cond.node, cond.balanced)
+            for (at, _), _m in skipped:
+                self.branches.setdefault(at, gated)
         (line, _), match = min(skipped, key=lambda item: item[0])
         self.report(node, "DTW002", exit_text, cond, f"{exit_text} inside {cond.where} skips {match.describe(line)} "
                     "on those ranks, so the other ranks will hang in it; let every rank reach "
