@@ -88,6 +88,8 @@ RC, UN, SO, EX, MM, UR, DS, PT, LB, HC = (
     "rank_conditional.py", "uneven.py", "stuck_outside.py", "exited.py", "mismatch.py", "unresponsive.py",
     "desync.py", "patterns.py", "library.py", "healthy.py",
 )
+PO = "program_order.py"
+ASYNC_BACKEND = {"SCENARIO_BACKEND": "gloo_async"}  # NCCL's execution model (dtwatch.testing)
 NEVER = ("never called",)  # false for ranks that call it one step later, or in another order
 NOT_OOM = ("OOM", "SIGKILL")  # a desync's crash is not a kill
 
@@ -220,6 +222,58 @@ SCENARIOS: tuple[Scenario, ...] = (
              line="accel_gather", also=("accel_branch",), tags=("library",)),
     incident("lib_wait_for_everyone_in_main", LB, "wait_main", kind="rank_conditional", ranks=(0,), op="barrier",
              line="wait_call", also=("wait_branch",), tags=("library",)),
+    # -- program order: an extra or missing call that pairs silently -------------------------------------
+    incident("metric_extra", PO, "metric_extra", kind="rank_conditional", ranks=(0,), op="all_reduce",
+             line="metric_extra", also=("metric_branch",), absent=NOT_OOM, tags=("python",),
+             note="rank 0's metric all_reduce pairs with the others' next gradient all_reduce (same shape); every "
+                  "later all_reduce pairs one call off, and rank 0's last one meets the others' final barrier"),
+    incident("metric_extra_async", PO, "metric_extra", kind="rank_conditional", ranks=(0,), op="all_reduce",
+             line="metric_extra", also=("metric_branch",), absent=NOT_OOM, tags=("python", "async"),
+             env=ASYNC_BACKEND,
+             note="gloo_async: every rank ends in the final barrier; rank 0's last all_reduce is still in flight"),
+    incident("save_barrier", PO, "save_barrier", kind="rank_conditional", ranks=(0,), op="barrier",
+             line="save_barrier", also=("save_call", "save_branch"), absent=NOT_OOM, tags=("python",),
+             note="rank 0's barrier inside save() pairs with the others' end-of-epoch barrier; its own epoch barrier "
+                  "then meets their first all_reduce of the next epoch, and gloo waits"),
+    incident("save_barrier_async", PO, "save_barrier", kind="rank_conditional", ranks=(0,), op="barrier",
+             line="save_barrier", also=("save_call", "save_branch"), absent=NOT_OOM, tags=("python", "async"),
+             env=ASYNC_BACKEND,
+             note="gloo_async: every rank waits in the same end-of-epoch barrier line, rank 0 one epoch behind "
+                  "the others, whose all_reduces of the next epoch are in flight"),
+    incident("async_extra", PO, "async_extra", kind="rank_conditional", ranks=(1,), op="all_reduce",
+             line="async_extra", also=("async_branch", "async_wait"), absent=NOT_OOM, tags=("async", "crash"),
+             note="the others leave after as many all_reduces as they issued and exit cleanly; rank 1 is left one "
+                  "all_reduce over, and gloo fails it when their connections close"),
+    incident("accum_window", PO, "accum_window", kind="rank_conditional", kinds_ok=("desync",), ranks=(3,),
+             op="barrier", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM, tags=("cpp",),
+             note="rank 3 syncs 3 times an epoch, the others 4 (DDP's all-reduce, from C++): rank 3 waits in the "
+                  "epoch barrier while the others wait in their 4th gradient all-reduce; op is where the rank "
+                  "with fewer calls waits, as for uneven iterations"),
+    incident("accum_window_mirror", PO, "accum_window_mirror", kind="rank_conditional", kinds_ok=("desync",),
+             ranks=(3,), op="all_reduce", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM,
+             tags=("cpp",),
+             note="rank 3 syncs 4 times an epoch, the others 3: rank 3 waits in its 4th gradient all-reduce, the "
+                  "others in the epoch barrier"),
+    incident("pp_recv_recv", PO, "pp_recv_recv", kind="desync", kinds_ok=("rank_conditional",), ranks=(0, 1),
+             op="recv", line="pp_warmup", also=("pp_recv_act", "pp_recv_grad"), present=("recv",),
+             absent=("network", "transport"), tags=("p2p",),
+             note="both ranks of the first pipeline run the other's warm-up count (symmetric): with 2 micro-batches "
+                  "rank 1 (stage 0) waits in recv of a gradient from rank 0, rank 0 (stage 1) in recv of the next "
+                  "activation from rank 1; ranks 2-3 wait in the loss all_reduce"),
+    incident("skip_backward", PO, "skip_backward", kind="desync", kinds_ok=("rank_conditional",), ranks=(1,),
+             op="all_reduce", line="skip_continue", also=("skip_guard",), absent=NOT_OOM, tags=("cpp",),
+             note="the guard depends on rank 1's loss, not on the rank; rank 1 skips one gradient all-reduce (op), "
+                  "the later ones pair one step off, and rank 1 ends in the final barrier while the others wait "
+                  "in their last gradient all-reduce"),
+    healthy("healthy_bcast_both_arms", PO, "bcast_both_arms", tags=("python",),
+            note="the broadcast is issued from two lines, one per arm of `if rank == 0`; every rank calls it"),
+    healthy("healthy_bcast_both_arms_async", PO, "bcast_both_arms", tags=("python", "async"), env=ASYNC_BACKEND),
+    healthy("healthy_agreed_accum", PO, "agreed_accum", tags=("cpp",),
+            note="DDP no_sync accumulation with the same window on every rank"),
+    healthy("healthy_pp_1f1b_ok", PO, "pp_1f1b_ok", tags=("p2p",),
+            note="the 1F1B schedule of pp_recv_recv with the warm-up count from the stage index"),
+    healthy("healthy_metric_all_ranks", PO, "metric_all_ranks", tags=("python",),
+            note="every rank all_reduces the metric; only rank 0 prints it"),
     # -- healthy controls -----------------------------------------------------------------------------
     healthy("healthy_join_uneven", HC, "join", tags=("cpp",)),
     healthy("healthy_eval_all_ranks", HC, "eval_all", tags=("python",)),

@@ -4,6 +4,10 @@ The scripts run under ``dtwatch run`` (dtwatch is installed by the bootstrap, no
 they look like any user's training script. Before the fault, each writes the time it happened to
 ``$DTWATCH_DIR/$DTWATCH_JOB_ID/onset-rank<R>.txt`` (``mark_onset``), which the runner subtracts from
 the detection time. Healthy controls name the moment to capture the live job (``capture_point``).
+
+``SCENARIO_BACKEND`` picks the backend: ``gloo`` (default) or ``gloo_async`` (``dtwatch.testing``, the one
+import of dtwatch: NCCL's execution model, where collectives return before they complete).
+``synchronize()`` stands where a GPU job synchronises (``.item()``); on gloo it does nothing.
 """
 import os
 import time
@@ -14,10 +18,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 HANG_STEP = 3  # the step at which most scenarios go wrong
 SLEEP_FOREVER = 3600.0
+BACKEND = os.environ.get("SCENARIO_BACKEND", "gloo")
+if BACKEND == "gloo_async":
+    import dtwatch.testing  # registers the backend
+
+    synchronize = dtwatch.testing.synchronize
+else:
+    def synchronize() -> None:
+        pass
 
 
 def setup() -> tuple[int, int]:
-    dist.init_process_group("gloo")
+    dist.init_process_group(BACKEND)
     torch.manual_seed(0)
     return dist.get_rank(), dist.get_world_size()
 
