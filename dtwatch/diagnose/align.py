@@ -36,7 +36,9 @@ from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 
 HISTORY = 512  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
 WINDOW = 160  # tokens aligned after the first number where the streams differ (bounds the O(n^2) table)
-MATCH, SAME_SHAPE, GAP = 0.0, 0.5, 1.0  # costs: an identical call; same op and shape from another line; one side only
+# Costs: an identical call; the same op and shape from a line that stands in for the other's repeatedly; the
+# same from a pair of lines seen once; a call on one side only.
+MATCH, SAME_SHAPE, ONCE, GAP = 0.0, 0.5, 1.5, 1.0
 CPP_KEY = (CPP_OP, "", None)
 
 
@@ -47,6 +49,7 @@ class Token:
     seq: int  # the first sequence number the call took
     key: tuple  # (op family, shape or "", user line (file, line) or None)
     call: Call | None = None  # the recorded call (None: issued from C++)
+    done: bool = True  # it completed (False: issued and in flight, waiting for peers that have not issued it)
 
     @property
     def op(self) -> str:
@@ -86,7 +89,7 @@ class Parting:
     paired_with: dict[int, Token] = field(default_factory=dict)  # what the other side issued at that number
     resumed: Token | None = None  # the first call both sides made again after the parting (on ``ranks``)
     decided: bool = True  # False: two equal sides and nothing tells which one deviates
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # per side: calls by key, in the window
+    counts: list[dict] = field(default_factory=list)  # per side: {"ranks", "calls": [{op, file, line, n}]}
 
     @property
     def seq(self) -> int:
@@ -117,28 +120,51 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str) -> l
     while q <= top:
         held = covered.get(q)
         if held is None:
-            out.append(Token(q, CPP_KEY))
+            out.append(Token(q, CPP_KEY, None, q <= g.completed))
             q += 1
             continue
         if held.op not in P2P_NAMES:
-            out.append(Token(held.seq, _key(held, op_family), held))
+            out.append(Token(held.seq, _key(held, op_family), held, _done(held, g.completed)))
         q = held.seq + max(held.span, 1)
     return out
 
 
-def _cost(x: Token, y: Token) -> float | None:
+def _done(c: Call, completed: int) -> bool:
+    """Whether a recorded call completed: the group's completions passed it, or it was synchronous and returned."""
+    return c.seq + max(c.span, 1) - 1 <= completed or (not c.in_flight and not c.is_async)
+
+
+def _cost(x: Token, y: Token, rare: frozenset = frozenset()) -> float | None:
     if x.key == y.key:
         return MATCH
     if x.compatible(y):
-        return SAME_SHAPE
+        # Lines that stand in for each other again and again (both arms of an if/else, Join's shadow calls) pair
+        # cheaply; a pair of lines seen once is costlier than one extra call (an extra call that paired silently).
+        return ONCE if (x.key, y.key) in rare else SAME_SHAPE
     return None
 
 
 def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool,
           anchored: bool = True) -> tuple[float, list[Step]]:
-    """The cheapest alignment of ``a`` and ``b`` (both start at the same sequence number). A stream that is
-    not final may end anywhere: the other's calls past its end cost nothing. Unless ``anchored`` (the
-    program is known to be at the same point on both at the start), either may also start anywhere."""
+    """The cheapest alignment of ``a`` and ``b`` (both start at the same sequence number).
+
+    Calls past the end of the other stream cost nothing while it can still grow (not final) or while they are
+    in flight (issued, not completed: where a rank is now, not what it paired with). Unless ``anchored`` (the
+    program is known to be at the same point on both at the start), either may also start anywhere. Once
+    either stream is final, two passes: a pair of different lines the first finds only once costs more than
+    an extra call in the second."""
+    total, steps = _align(a, b, a_final, b_final, anchored, frozenset())
+    if not (a_final or b_final):
+        # While both run, a one-off pair of lines is not yet told from an extra call: only a pairing that the
+        # calls after it contradict counts (the first pass).
+        return total, steps
+    pairs = [(a[st.i].key, b[st.j].key) for st in steps if st.kind == "pair" and a[st.i].key != b[st.j].key]
+    rare = frozenset(k for k in set(pairs) if pairs.count(k) == 1)
+    return _align(a, b, a_final, b_final, anchored, rare) if rare else (total, steps)
+
+
+def _align(a: list[Token], b: list[Token], a_final: bool, b_final: bool, anchored: bool,
+           rare: frozenset) -> tuple[float, list[Step]]:
     n, m = len(a), len(b)
     inf = float("inf")
     # cost[i][j]: a[:i] aligned with b[:j]
@@ -155,7 +181,7 @@ def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool,
                 row[j], back[i][j] = 0.0, (3 if i == 0 else 2)  # a free start on the other stream
                 continue
             if i and j:
-                c = _cost(a[i - 1], b[j - 1])
+                c = _cost(a[i - 1], b[j - 1], rare)
                 if c is not None and prev is not None and prev[j - 1] + c < best:
                     best, how = prev[j - 1] + c, 1
             if i and prev is not None and prev[j] + GAP < best:
@@ -163,13 +189,13 @@ def align(a: list[Token], b: list[Token], *, a_final: bool, b_final: bool,
             if j and row[j - 1] + GAP < best:
                 best, how = row[j - 1] + GAP, 3
             row[j], back[i][j] = best, how
-    # Where the alignment may end: the full table corner, or - past the end of a stream that can still
-    # grow - anywhere along the other's remaining calls.
-    ends = [(cost[n][m], n, m)]
-    if not b_final:
-        ends += [(cost[i][m], i, m) for i in range(n)]
-    if not a_final:
-        ends += [(cost[n][j], n, j) for j in range(m)]
+
+    def tail(xs: list[Token], start: int, other_final: bool) -> float:
+        return 0.0 if not other_final else float(sum(GAP for t in xs[start:] if t.done))
+
+    # Where the alignment may end: one stream consumed, the other's remaining calls costed by ``tail``.
+    ends = [(cost[i][m] + tail(a, i, b_final), i, m) for i in range(n + 1)]
+    ends += [(cost[n][j] + tail(b, j, a_final), n, j) for j in range(m)]
     total, i, j = min(ends, key=lambda e: (e[0], -(e[1] + e[2])))
     steps: list[Step] = []
     while i or j:
@@ -307,15 +333,16 @@ def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int,
     # What the other side issued at that number: the executed pairing.
     at = calls[0].seq
     paired = {q: t for q in (other if extra else side) for t in cut[q] if t.seq == at}
-    counts = {",".join(map(str, side)): _count(cut[side[0]]), ",".join(map(str, other)): _count(cut[other[0]])}
+    counts = [{"ranks": sorted(side), "calls": _count(cut[side[0]])},
+              {"ranks": sorted(other), "calls": _count(cut[other[0]])}]
     return Parting(group=group, ranks=sorted(side), reference=sorted(other), extra=extra, calls=calls,
                    paired_with=paired, resumed=resumed, decided=decided, counts=counts)
 
 
-def _count(tokens: Iterable[Token]) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _count(tokens: Iterable[Token]) -> list[dict]:
+    """How many calls of each op and line a stream holds (the window aligned)."""
+    out: dict[tuple, int] = {}
     for t in tokens:
-        line = t.key[2]
-        k = f"{t.op}@{line[0]}:{line[1]}" if line else t.op
-        out[k] = out.get(k, 0) + 1
-    return out
+        out[(t.op, t.key[2])] = out.get((t.op, t.key[2]), 0) + 1
+    return [{"op": op, "file": line[0] if line else None, "line": line[1] if line else None, "n": n}
+            for (op, line), n in out.items()]

@@ -180,9 +180,10 @@ def _schedule_deadlock(ctx: Context, cycle: list[Position], waiting: list[int]) 
     same = len({p.issued.op in ("recv", "irecv") for p in cycle}) == 1
     why = (f"a {cycle[0].issued.op} is matched only by a {MATCHING_P2P[cycle[0].issued.op]}, so none of them can "
            "proceed" if same else "each waits for a call the next one has not posted")
-    parts = [f"schedule deadlock between {fmt_ranks(ranks)}: {each}", why,
-             "their point-to-point order disagrees (a pipeline schedule whose warm-up or order differs between "
-             "the ranks); this is in the program, not the network"]
+    names = " and ".join(f"rank {r}" for r in ranks) if len(ranks) == 2 else fmt_ranks(ranks)
+    parts = [f"schedule deadlock between {names}: {each}", why,
+             "the ranks' point-to-point order disagrees: the program's schedule is at fault (a pipeline whose "
+             "warm-up count or send/recv order differs between the ranks)"]
     if len(tested) == 1:
         parts.append(f"rank {tested[0]}'s call is reached through the rank test {ctx.fmt(tests[tested[0]])}")
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in ranks)

@@ -92,7 +92,7 @@ class Context:
         ``issued`` for calls made earlier, or ones that returned before completing (async work, NCCL),
         where the rank waits elsewhere (see :mod:`.sync_points`)."""
         if self.past:
-            return "issued"
+            return "made"
         calls = [self.pos[r].call for r in ranks if r in self.pos]
         if calls and all(c is not None and c.is_async and c.in_flight for c in calls):
             return "issued"
@@ -193,6 +193,11 @@ class Context:
             want = ("recv", "irecv") if call.op in ("send", "isend") else ("send", "isend")
             out = []
             for m in peers:
+                counted = self._p2p_counts(rank, m, call, want)
+                if counted is not None:
+                    if counted[1] < counted[0]:
+                        out.append(m)
+                    continue
                 pm = self.pos.get(m)
                 mc = pm.call if pm is not None else None
                 posted = [mc] if mc is not None else []
@@ -208,6 +213,20 @@ class Context:
             if g is None or g.seq < call.seq:
                 out.append(m)
         return out
+
+    def _p2p_counts(self, rank: int, m: int, call: Call, want: tuple[str, ...]) -> tuple[int, int] | None:
+        """Where both ranks' records of the group go back to its start: how many messages in ``call``'s
+        direction ``rank`` has posted up to and including ``call``, and how many matching ones ``m`` posted.
+        A send left in flight (isend, waited on later) may have been matched already, so counts decide."""
+        mine, theirs = self.by_rank[rank].groups.get(call.group), (self.by_rank[m].groups.get(call.group)
+                                                                    if m in self.by_rank else None)
+        if mine is None or theirs is None or not (mine.complete and theirs.complete):
+            return None
+        same = (call.op,) + (("irecv",) if call.op == "recv" else ("recv",) if call.op == "irecv" else
+                             ("isend",) if call.op == "send" else ("send",))
+        posted = sum(1 for c in mine.recent if c.op in same and c.peer == m and c.t_enter <= call.t_enter)
+        matched = sum(1 for c in theirs.recent if c.op in want and c.peer == rank)
+        return posted, matched
 
     def others(self, ranks: list[int]) -> str:
         """``ranks`` as a finding lists the ranks besides its culprits. In a sample of a large job, which of the

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dtwatch.diagnose.compare import conditional, desync, sides_at
 from dtwatch.diagnose.context import P2P, Context, exception_site, is_library_path, with_cpp_entries
 from dtwatch.diagnose.evidence import Evidence
-from dtwatch.diagnose.loops import early_exit_loop, is_return, past_loop, uneven
+from dtwatch.diagnose.loops import (
+    early_exit_loop,
+    fewer_calls,
+    is_exit_gate,
+    is_return,
+    past_loop,
+    per_rank_count,
+    uneven,
+)
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.state import CPP_OP, RankState
@@ -161,12 +169,57 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
     if clean and failed:
         reasons = {s.rank: s.exit_reason for s in states if _secondary(s)}
         extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
-        f = uneven(ctx, clean, failed, positions_known=False, exited=True)
+        f = beyond_clean_exit(ctx, clean, failed) or uneven(ctx, clean, failed, positions_known=False, exited=True)
         if f:
             f.summary = sentence(f.summary, extra)
             return [f]
         return [exited(ctx, r, failed, extra) for r in clean]
     return []
+
+
+def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Finding | None:
+    """``clean`` exited normally; ``others`` issued more calls of a group than they did. Two stories the
+    calls tell apart from "the clean ranks left the loop early":
+
+    * the first call past the clean ranks' end runs under a rank test on the others (a checkpoint gather
+      only rank 0 makes): the others made an extra call, the clean ranks are not the culprit;
+    * the clean ranks ran as many steps as the others (the others are inside their last one) and still
+      issued fewer calls: the ranks issued a different number of collectives for the same steps (a
+      rank-dependent ``continue`` before ``backward()``, a per-rank ``no_sync`` window); not a loop exit.
+    """
+    for group in sorted({g for r in others for g in ctx.by_rank[r].groups}):
+        ends = [ctx.by_rank[c].groups[group].seq for c in clean if group in ctx.by_rank[c].groups]
+        more = [o for o in others if group in ctx.by_rank[o].groups and ends
+                and ctx.by_rank[o].groups[group].seq > max(ends)]
+        if not ends or not more or len({ctx.by_rank[c].groups[group].seq for c in clean if
+                                        group in ctx.by_rank[c].groups}) != 1:
+            continue
+        end = ends[0]
+        o = more[0]
+        call = ctx.named(o, ctx.call_at(o, group, end + 1))
+        if call is None:
+            continue
+        branch = ctx.branch(o, call)
+        if branch is not None and not is_exit_gate(branch):
+            ctx.pos = {**ctx.pos, o: Position(o, "blocked", call, None)}
+            ctx.past = True
+            try:
+                side = [Position(r, "blocked", call, None) for r in more]
+                f = conditional(ctx, side, [], [], f"{fmt_ranks(clean)} exited normally after the same {end} calls of "
+                                f"group {group} that {fmt_ranks(more)} had made before it")
+            finally:
+                ctx.past = False
+            return f
+        if any(set(ld["short_ranks"]) & set(clean) for ld in ctx.loaders):
+            continue  # their DataLoader was shorter: uneven iterations (see loops.uneven)
+        steps_clean = [ctx.steps.get(c, 0) for c in clean]
+        steps_more = [ctx.steps.get(r, 0) for r in more]
+        # More optimizer steps than the others have finished: the clean ranks did not stop early. As many:
+        # only where the loop makes the number of calls per iteration rank-dependent.
+        if min(steps_clean) > 0 and (min(steps_clean) > max(steps_more) or (
+                min(steps_clean) == max(steps_more) and per_rank_count(ctx, o, call) is not None)):
+            return fewer_calls(ctx, clean, more, group, call, certain=min(steps_clean) > max(steps_more))
+    return None
 
 
 def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:

@@ -87,9 +87,14 @@ def _fingerprint_shape(fingerprint: str) -> list[int] | None:
 
 
 def _score(call: Any, entry: dict) -> int:
-    """+2: same op and input shape; +1: same op family; -2: a different op (or shape) at that number."""
-    if op_family(call.op) != op_family(str(entry.get("op", ""))):
+    """+2: same op and input shape; +1: same op; 0: only the same op family (a barrier facing an all_reduce
+    proves nothing: NCCL records its barrier as one, and gloo's neighbouring all_reduces would match too);
+    -2: a different op (or shape) at that number."""
+    entry_op = str(entry.get("op", ""))
+    if op_family(call.op) != op_family(entry_op):
         return -2
+    if ("barrier" in call.op) != ("barrier" in entry_op.lower()):
+        return 0
     if call.op in _SHAPED:
         shape, sizes = _fingerprint_shape(call.fingerprint), entry.get("input_sizes")
         if shape is not None and sizes:

@@ -7,8 +7,11 @@ are the root-cause lines.
 """
 from __future__ import annotations
 
+import re
+
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
+from dtwatch.diagnose.state import Call
 from dtwatch.diagnose.text import describe, fmt_ranks, sentence, verb
 
 
@@ -32,6 +35,15 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     if side is not None and ctx.branch(side[0].rank, side[0].call) is not None:
         return None  # the short side's call sits under a rank test: a rank-conditional call, not a loop exit
     loop_fact = after_loop(ctx, side, inside) if positions_known and side and inside else None
+    if loop_fact and loader is None and not fewer and inside and side and short_steps and long_steps and \
+            min(short_steps) > 0 and min(short_steps) >= max(long_steps):
+        # As many optimizer steps on both sides: where the loop makes the number of calls per iteration
+        # rank-dependent (no_sync, a rank test's continue), that is the likelier story than an early exit.
+        inside_call = inside[0].call
+        if inside_call is not None and inside_call.group == (side[0].call.group if side[0].call else None) and \
+                per_rank_count(ctx, inside[0].rank, inside_call) is not None:
+            return fewer_calls(ctx, sorted(short), sorted(p.rank for p in inside), inside_call.group, inside_call,
+                               certain=False, short_call=side[0].call)
     if exited and loader is None and not fewer:
         loop_fact = early_exit_loop(ctx, long_ranks)
         if loop_fact is not None and is_return(loop_fact["exits"][0][1]):
@@ -141,3 +153,118 @@ def past_loop(ctx: Context, outer: list[dict], inside: list[Position]) -> dict |
 def is_return(text: str) -> bool:
     return text.startswith("return") or "exit(" in text
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# equal loops, different numbers of calls
+# ---------------------------------------------------------------------------------------------------
+_SKIP = re.compile(r"\b(continue|return)\b")
+_EXIT_GATE = re.compile(r":\s*(return|break|continue|\S*exit\(.*\))\s*$")
+
+
+def is_exit_gate(branch: dict) -> bool:
+    """A rank test reported as ``if ...: return``: the call runs on the ranks that did *not* take the exit."""
+    return bool(_EXIT_GATE.search(str(branch.get("source") or "")))
+
+
+def per_rank_count(ctx: Context, rank: int, call: Call | None) -> dict | None:
+    """A line that makes the number of collectives per iteration differ between ranks, around ``rank``'s
+    line: a ``continue``/``return`` under a rank test earlier in its function or in a loop around it, or a
+    DDP ``no_sync()`` in such a loop (the gradient all-reduce is skipped where it is entered)."""
+    for f in ctx.frames(rank, call):
+        path = str(f.get("file", ""))
+        if is_library_path(path):
+            continue
+        text = ctx.ev.source(path)
+        if text is None:
+            continue
+        lines = text.splitlines()
+        at = int(f["line"])
+        spans = [(_function_start(lines, at), at - 1)]
+        spans += [(loop.start, min(loop.end, len(lines))) for loop in ctx.ev.enclosing_loops(path, at)]
+        found: list[dict] = []
+        for k, (first, last) in enumerate(spans):
+            for n in range(first, last + 1):
+                code = lines[n - 1].split("#", 1)[0]
+                skip = _SKIP.search(code)
+                test = ctx.ev.rank_branch(path, n) if skip else None
+                # A data-dependent ``continue`` in a loop around the line (not a return from its function).
+                plain = skip is not None and skip.group(1) == "continue" and k > 0 and n < at
+                if test is not None or "no_sync(" in code or plain:
+                    kind = "rank_skip" if test is not None else "no_sync" if "no_sync(" in code else "skip"
+                    found.append({"file": path, "line": n, "function": f.get("function"),
+                                  "source": lines[n - 1].strip(), "kind": kind})
+        if found:
+            order = ("rank_skip", "no_sync", "skip")
+            return min(found, key=lambda d: order.index(d["kind"]))
+    return None
+
+
+def _function_start(lines: list[str], line: int) -> int:
+    """The ``def`` line of the function ``line`` is in (1 at module level)."""
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip()) if 0 < line <= len(lines) else 0
+    for n in range(line - 1, 0, -1):
+        text = lines[n - 1]
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")) and len(text) - len(stripped) < indent:
+            return n
+    return 1
+
+
+def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, call: Call, *, certain: bool,
+                short_call: Call | None = None) -> Finding:
+    """``short`` issued fewer collectives of ``group`` than ``more`` over the same steps: ``short`` ended (or waits
+    after the loop, in ``short_call``) while ``more`` wait in ``call``, inside the loop."""
+    o = more[0]
+    site = ctx.user_site(o, call)
+    line = per_rank_count(ctx, o, call)
+    counts = ", ".join(f"rank {r}: {ctx.by_rank[r].groups[group].seq} calls, {ctx.steps.get(r, 0)} steps"
+                       for r in sorted(short + more))
+    ended = all(ctx.by_rank[r].gone for r in short)
+    if ended:
+        parts = [f"{fmt_ranks(short)} exited normally with fewer collectives of group {group} than "
+                 f"{fmt_ranks(more)}, which {verb(more, 'waits', 'wait')} inside the loop in {describe(call)} at "
+                 f"{ctx.fmt(site)} ({counts})"]
+    else:
+        parts = [f"{fmt_ranks(short)} {verb(short, 'waits', 'wait')} in {describe(short_call)} at "
+                 f"{ctx.fmt(ctx.user_site(short[0], short_call))}, after the loop, while {fmt_ranks(more)} "
+                 f"{verb(more, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)}, inside it ({counts}): "
+                 f"{fmt_ranks(short)} issued fewer collectives in the loop"]
+    if certain:
+        parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran as many optimizer steps "
+                     f"as {fmt_ranks(more)}, counting the one {verb(more, 'it is', 'they are')} in; the ranks issued "
+                     "a different number of collectives for the same steps, so the backend paired them out of step "
+                     "and the last call has no partner")
+    else:
+        parts.append(f"{fmt_ranks(short)} either ran fewer iterations or issued fewer collectives in them; the "
+                     "optimizer steps are the same, so the number of collectives per iteration differs by rank")
+    if line is not None and line["kind"] == "rank_skip":
+        parts.append(f"the rest of an iteration is skipped under a rank test at {ctx.fmt(line)}: the ranks that "
+                     "take it issue fewer calls")
+    elif line is not None and line["kind"] == "skip":
+        parts.append(f"the loop skips the rest of an iteration at {ctx.fmt(line)}: a rank that takes it where its "
+                     "peers do not (a per-rank loss or data check) issues fewer calls")
+    elif line is not None:
+        parts.append(f"the loop runs DDP's no_sync() at {ctx.fmt(line)}: a rank that enters it on other iterations "
+                     "than its peers issues a different number of gradient all-reduces")
+    else:
+        parts.append("a rank-dependent skip before backward(), no_sync window or accumulation count does this")
+    # The deviant: the minority; between equal sides, the side that skipped under a rank test.
+    if len(short) != len(more):
+        culprits = sorted(short if len(short) < len(more) else more)
+    elif line is not None and line["kind"] == "rank_skip":
+        culprits = sorted(short)
+    else:
+        culprits = sorted(short + more)
+        parts.append("which side deviates is not known from the calls alone")
+    waiting = [r for r in short + more if r not in culprits and not ctx.by_rank[r].gone]
+    fields, _ = ctx.waiting(waiting)
+    # The op is the call one side issued more of (the other skipped it): the one inside the loop.
+    return Finding(
+        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=sentence(*parts), op=call.op, group=group,
+        seq=call.seq, site=ctx.site(line if line is not None else site),
+        details={"pattern": "fewer_calls", "calls": {str(r): ctx.by_rank[r].groups[group].seq for r in short + more},
+                 "steps": {str(r): ctx.steps.get(r, 0) for r in short + more}, "conditional_line": line,
+                 "inside_site": ctx.site(site), "stopped_early": False if certain else None},
+        **fields,
+    )

@@ -245,10 +245,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              note="the others leave after as many all_reduces as they issued and exit cleanly; rank 1 is left one "
                   "all_reduce over, and gloo fails it when their connections close"),
     incident("accum_window", PO, "accum_window", kind="rank_conditional", kinds_ok=("desync",), ranks=(3,),
-             op="barrier", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM, tags=("cpp",),
+             op="all_reduce", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM, tags=("cpp",),
              note="rank 3 syncs 3 times an epoch, the others 4 (DDP's all-reduce, from C++): rank 3 waits in the "
-                  "epoch barrier while the others wait in their 4th gradient all-reduce; op is where the rank "
-                  "with fewer calls waits, as for uneven iterations"),
+                  "epoch barrier while the others wait in their 4th gradient all-reduce; op is the collective rank 3 "
+                  "issued fewer of (its skipped gradient all-reduce)"),
     incident("accum_window_mirror", PO, "accum_window_mirror", kind="rank_conditional", kinds_ok=("desync",),
              ranks=(3,), op="all_reduce", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM,
              tags=("cpp",),
