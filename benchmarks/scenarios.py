@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dtwatch.report.bundle import bundle_findings
-from dtwatch.report.capture import capture, write_fixture
+from dtwatch.report.capture import capture, live_warnings, write_fixture
 from dtwatch.watchdog.proctree import descendants
 from tests.scenarios.catalog import HERE as SCENARIO_DIR
 from tests.scenarios.catalog import SCENARIOS, Scenario
@@ -148,6 +148,12 @@ def run_one(sc: Scenario, *, window: float, work: Path, capture_dir: Path | None
     onset = onset_time(run_dir)
     detected = bundles[0][0].get("detected") if bundles else None
     verdict = judge(findings, truth)
+    # What the watchdog warned of while the job ran (its events file): a healthy control gives none.
+    warned = live_warnings(run_dir, float("inf")) if run_dir.exists() else []
+    if sc.healthy and warned:
+        verdict.ok["stall"] = False
+        verdict.shown["stall"] = "warned: " + "; ".join(f"[{w.get('kind')}] {str(w.get('summary'))[:120]}"
+                                                         for w in warned)
     stalls = stall_findings(findings)
     first = stalls[0] if stalls else None
     result = {
@@ -155,7 +161,8 @@ def run_one(sc: Scenario, *, window: float, work: Path, capture_dir: Path | None
         "onset": onset, "detected": detected,
         "latency_s": round(detected - onset, 2) if detected and onset else None,
         "finding": first, "stall_findings": len(stall_findings(findings)),
-        "ok": verdict.ok, "shown": verdict.shown, "right": verdict.right,
+        "warnings": [{k: w.get(k) for k in ("kind", "ranks", "summary")} for w in warned],
+        "ok": verdict.ok, "shown": verdict.shown, "right": verdict.right and not (sc.healthy and warned),
         "bundle": str(bundles[0][1]) if bundles else None,
     }
     if capture_dir is not None:
@@ -233,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep every run directory (default: only failed runs)")
     ap.add_argument("--workdir", default=None, help="where the run directories go (default: a temporary directory)")
     ap.add_argument("--list", action="store_true", help="list the scenarios and their truths")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="keep N busy processes spinning while the scenarios run (a loaded training node)")
     args = ap.parse_args(argv)
     chosen = list(SCENARIOS)
     if args.only:
@@ -251,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     capture_dir = Path(args.capture) if args.capture else None
     out = sys.stderr if args.json == "-" else sys.stdout
     results = []
-    for i, sc in enumerate(chosen, 1):
-        r = run_one(sc, window=args.window, work=work, capture_dir=capture_dir, keep=args.keep)
-        results.append(r)
-        verdict = "right" if r["right"] else "WRONG: " + "; ".join(
-            f"{c} {r['shown'].get(c)}" for c, ok in r["ok"].items() if not ok)
-        print(f"[{i}/{len(chosen)}] {sc.name}: {verdict} ({r['wall_s']}s, exit {r['exit_code']}"
-              f"{', timed out' if r['timed_out'] else ''})", file=out, flush=True)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, args.load))]
+    try:
+        _run_all(chosen, args, work, capture_dir, out, results)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
     print(table(results), file=out, flush=True)
     if args.json:
         text = json.dumps(results, indent=1, default=str)
@@ -268,6 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir and not args.keep and not any("log" in r for r in results):
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r["right"] for r in results) else 1
+
+
+def _run_all(chosen: list[Scenario], args: argparse.Namespace, work: Path, capture_dir: Path | None, out,
+             results: list[dict]) -> None:
+    for i, sc in enumerate(chosen, 1):
+        r = run_one(sc, window=args.window, work=work, capture_dir=capture_dir, keep=args.keep)
+        results.append(r)
+        verdict = "right" if r["right"] else "WRONG: " + "; ".join(
+            f"{c} {r['shown'].get(c)}" for c, ok in r["ok"].items() if not ok)
+        print(f"[{i}/{len(chosen)}] {sc.name}: {verdict} ({r['wall_s']}s, exit {r['exit_code']}"
+              f"{', timed out' if r['timed_out'] else ''})", file=out, flush=True)
 
 
 if __name__ == "__main__":
