@@ -6,6 +6,7 @@ every unmarked line must stay clean, so each fixture checks positives and negati
 from __future__ import annotations
 
 import argparse
+import ast
 import doctest
 import json
 import os
@@ -19,6 +20,7 @@ import pytest
 import dtwatch.lint.checker
 from dtwatch.lint.checker import COLLECTIVES, LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
 from dtwatch.lint.cli import add_lint_parser
+from dtwatch.lint.visitor import ModuleChecker
 from dtwatch.ops import OP_KINDS, P2P_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -496,3 +498,169 @@ def test_collectives_after_a_rank_conditional_return_run_under_that_test() -> No
     branches = dtwatch.lint.checker.rank_branches(source, "t.py")
     assert branches[5] == (3, "if rank != 0: return")
     assert 10 not in branches  # a rank that skips one iteration still reaches the call in the others
+
+
+# --- rank tests inherited from the callers of a same-file function ------------------------------
+
+HELPER = (
+    "import torch\n"                                       # 1
+    "import torch.distributed as dist\n"                   # 2
+    "def save(model, step):\n"                             # 3
+    "    torch.save(model.state_dict(), f'ckpt-{step}.pt')\n"  # 4
+    "    dist.barrier()\n"                                 # 5
+    "def train(rank):\n"                                   # 6
+    "    for step in range(10):\n"                         # 7
+    "        dist.all_reduce(g)\n"                         # 8
+    "        if rank == 0:\n"                              # 9
+    "            save(model, step)\n"                      # 10
+    "        dist.barrier()\n"                             # 11
+)
+
+
+def test_a_helper_called_only_under_a_rank_test_runs_under_it() -> None:
+    branches = dtwatch.lint.checker.rank_branches(HELPER, "t.py")
+    assert branches[5] == (9, "if rank == 0 (calls save() at line 10)")
+    assert branches[4] == (9, "if rank == 0 (calls save() at line 10)")
+    assert branches[10] == (9, "if rank == 0")
+    assert 3 not in branches and 8 not in branches and 11 not in branches
+
+
+def test_the_brief_example_maps_the_helper_barrier_to_the_callers_test() -> None:
+    source = (
+        "def save(model, step):\n"
+        "    torch.save(model.state_dict(), f\"ckpt-{step}.pt\")\n"
+        "    dist.barrier()\n"
+        "\n"
+        "def train(rank):\n"
+        "    for step in range(10):\n"
+        "        dist.all_reduce(g)\n"
+        "        if rank == 0:\n"
+        "            save(model, step)\n"
+        "        dist.barrier()\n"
+    )
+    assert dtwatch.lint.checker.rank_branches(source, "t.py")[3] == (8, "if rank == 0 (calls save() at line 9)")
+
+
+def test_a_helper_also_called_on_every_rank_inherits_nothing() -> None:
+    assert 5 not in dtwatch.lint.checker.rank_branches(HELPER + "    save(model, 10)\n", "t.py")
+    # never called, or used as a value: nothing is guessed
+    unused = HELPER.replace("            save(model, step)\n", "            print(step)\n")
+    assert 5 not in dtwatch.lint.checker.rank_branches(unused, "t.py")
+    passed = HELPER + "    callbacks = [save]\n"
+    assert 5 not in dtwatch.lint.checker.rank_branches(passed, "t.py")
+    deferred = HELPER + "    if rank == 0:\n        hook = lambda: save(model, 0)\n"
+    assert 5 not in dtwatch.lint.checker.rank_branches(deferred, "t.py")
+
+
+def test_a_helper_called_on_both_sides_of_one_test_runs_on_every_rank() -> None:
+    source = HELPER + "        else:\n            save(model, -1)\n"
+    assert 5 not in dtwatch.lint.checker.rank_branches(source, "t.py")
+
+
+def test_a_helper_called_from_several_rank_tests_names_the_first() -> None:
+    source = HELPER + "    if dist.get_rank() == 0:\n        save(model, 10)\n"
+    assert dtwatch.lint.checker.rank_branches(source, "t.py")[5] == (9, "if rank == 0 (calls save() at line 10)")
+
+
+def test_a_method_called_only_under_a_rank_test_runs_under_it() -> None:
+    source = (
+        "import torch\n"                                   # 1
+        "import torch.distributed as dist\n"               # 2
+        "class Trainer:\n"                                 # 3
+        "    def save(self, path):\n"                      # 4
+        "        torch.save(self.model.state_dict(), path)\n"  # 5
+        "        dist.barrier()\n"                         # 6
+        "    def fit(self):\n"                             # 7
+        "        for step in range(10):\n"                 # 8
+        "            if self.rank == 0:\n"                 # 9
+        "                self.save('ckpt.pt')\n"           # 10
+        "            dist.barrier()\n"                     # 11
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[6] == (9, "if self.rank == 0 (calls self.save() at line 10)")
+    assert 11 not in branches
+    # the same name called on an object of unknown class may run this method anywhere: nothing is guessed
+    assert 6 not in dtwatch.lint.checker.rank_branches(source + "trainer.save('x')\n", "t.py")
+
+
+def test_a_chain_of_helpers_inherits_the_test_and_keeps_its_own_tests() -> None:
+    source = (
+        "import torch.distributed as dist\n"               # 1
+        "def write(state):\n"                              # 2
+        "    dist.barrier()\n"                             # 3
+        "def save(model, rank):\n"                         # 4
+        "    state = model.state_dict()\n"                 # 5
+        "    if rank == 0:\n"                              # 6
+        "        print('own test')\n"                      # 7
+        "    write(state)\n"                               # 8
+        "def train(rank):\n"                               # 9
+        "    if rank == 0:\n"                              # 10
+        "        save(model, rank)\n"                      # 11
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[8] == (10, "if rank == 0 (calls save() at line 11)")
+    assert branches[3] == (10, "if rank == 0 (calls save() at line 11, which calls write() at line 8)")
+    assert branches[7] == (6, "if rank == 0")  # its own, innermost test
+
+
+def test_a_chain_is_followed_a_bounded_number_of_steps() -> None:
+    helpers = "".join(f"def f{i}():\n    f{i + 1}()\n" for i in range(8))
+    source = "import torch.distributed as dist\n" + helpers + "def f8():\n    dist.barrier()\nif rank == 0:\n    f0()\n"
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert 3 in branches  # f0's body
+    assert 19 not in branches  # f8's body: deeper than followed
+
+
+def test_a_recursive_helper_inherits_without_looping() -> None:
+    source = (
+        "import torch.distributed as dist\n"               # 1
+        "def walk(node):\n"                                # 2
+        "    dist.barrier()\n"                             # 3
+        "    for child in node.children:\n"                # 4
+        "        walk(child)\n"                            # 5
+        "def ping(n):\n"                                   # 6
+        "    pong(n - 1)\n"                                # 7
+        "def pong(n):\n"                                   # 8
+        "    ping(n - 1)\n"                                # 9
+        "if rank == 0:\n"                                  # 10
+        "    walk(tree)\n"                                 # 11
+        "    ping(3)\n"                                    # 12
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[3] == (10, "if rank == 0 (calls walk() at line 11)")
+    assert branches[5] == (10, "if rank == 0 (calls walk() at line 11)")
+    assert 7 not in branches and 9 not in branches  # ping is also called from pong: not only under the test
+
+
+def test_a_return_gated_collective_in_a_helper_keeps_its_exit() -> None:
+    source = (
+        "import torch.distributed as dist\n"               # 1
+        "def save(model, rank):\n"                         # 2
+        "    if rank != 0:\n"                              # 3
+        "        return\n"                                 # 4
+        "    dist.barrier()\n"                             # 5
+        "def train(rank):\n"                               # 6
+        "    if step % 10 == 0 and rank == 0:\n"           # 7
+        "        save(model, rank)\n"                      # 8
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[5] == (3, "if rank != 0: return")
+    assert branches[4] == (3, "if rank != 0")
+    assert branches[3] == (7, "if step % 10 == 0 and rank == 0 (calls save() at line 8)")
+
+
+def test_inherited_tests_do_not_change_the_findings() -> None:
+    """Inheriting is for rank_branches only: the findings and is_rank_conditional_line stay as they were."""
+    for path in FIXTURE_FILES:
+        assert {(f.line, f.code) for f in lint_file(path)} == expected_findings(path)
+        source = path.read_text()
+        branches = dtwatch.lint.checker.rank_branches(source, path.name)
+        assert set(branches) >= {n for n in range(1, len(source.splitlines()) + 1) if is_rank_conditional_line(path, n)}
+    # the call of save() under the test is reported (it runs a barrier), its body is not
+    assert [(f.line, f.code, f.call) for f in lint_source(HELPER, "t.py")] == [(10, "DTW001", "save()")]
+    assert not is_rank_conditional_line_of_source(HELPER, 5)
+
+
+def is_rank_conditional_line_of_source(source: str, line: int) -> bool:
+    checker = ModuleChecker(source, "t.py", ast.parse(source)).run()
+    return line in checker.conditional_lines

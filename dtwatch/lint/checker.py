@@ -90,7 +90,8 @@ on every rank.
 The modules: this one reads files and applies suppression comments; :mod:`~dtwatch.lint.visitor` walks a
 module's tree carrying the rank conditions; :mod:`~dtwatch.lint.ranks` decides what is a rank test;
 :mod:`~dtwatch.lint.vocabulary` holds the names; :mod:`~dtwatch.lint.local` finds the same-file function
-a call runs; :mod:`~dtwatch.lint.finding` what is reported.
+a call runs; :mod:`~dtwatch.lint.callers` which functions run only under their callers' rank tests (for
+``rank_branches``); :mod:`~dtwatch.lint.finding` what is reported.
 """
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dtwatch.lint import callers
 from dtwatch.lint.finding import CODES, LintFinding, unparsable
 from dtwatch.lint.syntax import split_lines
 from dtwatch.lint.visitor import ModuleChecker
@@ -194,12 +196,18 @@ def is_rank_conditional_line(path: str | os.PathLike[str], line: int) -> bool:
 
 def rank_branches(source: str, filename: str = "<string>") -> dict[int, tuple[int, str]]:
     """For each line of ``source`` that runs only on some ranks: (line of the innermost rank test,
-    its text, e.g. ``if self.gpu_id == 0``). Unparsable source gives an empty map."""
+    its text, e.g. ``if self.gpu_id == 0``). Unparsable source gives an empty map.
+
+    A line of a same-file function without a rank test of its own runs under its callers' test when every
+    call of the function in the file does (:mod:`dtwatch.lint.callers`): ``(9, "if rank == 0 (calls
+    save() at line 10)")``."""
     try:
         checker = ModuleChecker(source, filename, ast.parse(source, filename=filename)).run()
+        own = {line: (c.node.lineno, c.label) for line, c in checker.branches.items()}
+        arms = {line: (c.node.lineno, c.where) for line, c in checker.branches.items()}  # the if's two sides differ
+        return callers.inherit(checker.tree, checker.defs, own, arms) if own else own
     except (SyntaxError, ValueError, RecursionError):
         return {}
-    return {line: (c.node.lineno, c.label) for line, c in checker.branches.items()}
 
 
 def rank_branch(path: str | os.PathLike[str], line: int) -> tuple[int, str] | None:
