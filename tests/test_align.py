@@ -108,3 +108,31 @@ def test_align_prefers_one_extra_call_over_a_shifted_substitution_when_the_end_i
     a[2] = Token(3, ("all_reduce", "f32[8]", ("t.py", 999)))
     _, steps = align(a, b, a_final=True, b_final=True)
     assert interior_edits(steps) and steps[2].kind == "only_a"
+
+
+# -- the recorded incidents: live warnings ------------------------------------------------------------------
+def _fixtures():
+    from pathlib import Path
+
+    from dtwatch.report.capture import load_fixture
+
+    return [load_fixture(p) for p in sorted((Path(__file__).parent / "incidents").glob("*.json"))]
+
+
+def test_no_healthy_control_gives_a_silent_desync_warning():
+    from dtwatch.diagnose import RecordedEvidence, silent_desyncs
+
+    checked = 0
+    for fx in _fixtures():
+        if not (fx.truth or {}).get("healthy"):
+            continue
+        ev = RecordedEvidence(fx.sources, fx.stacks, fx.flight_records, fx.endings)
+        assert silent_desyncs(fx.states, fx.now, set(), ev) == [], fx.name
+        checked += 1
+    assert checked >= 10
+
+
+def test_an_extra_call_between_distinct_calls_is_warned_of_while_the_job_runs():
+    # metric_extra_long's watchdog warned live (kept in the fixture); its stall diagnosis rests on that warning.
+    fx = next(f for f in _fixtures() if f.name == "metric_extra_long")
+    assert any(w.get("details", {}).get("program_order") and w.get("ranks") == [0] for w in fx.warnings)

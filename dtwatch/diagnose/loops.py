@@ -265,6 +265,8 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
         seq=call.seq, site=ctx.site(line if line is not None else site),
         details={"pattern": "fewer_calls", "calls": {str(r): ctx.by_rank[r].groups[group].seq for r in short + more},
                  "steps": {str(r): ctx.steps.get(r, 0) for r in short + more}, "conditional_line": line,
-                 "inside_site": ctx.site(site), "stopped_early": False if certain else None},
+                 "inside_site": ctx.site(site), "stopped_early": False if certain else None,
+                 "culprit_side": "both" if len(culprits) == len(short + more) else
+                 "short" if set(culprits) <= set(short) else "more"},
         **fields,
     )

@@ -76,6 +76,9 @@ def _lead(f: Finding) -> str:
         return "last seen in"  # it ended: not inside that call any more
     if details.get("pattern") == "skipped_call":
         return "skipped"
+    if details.get("pattern") == "fewer_calls":
+        # The call the longer side waits in: the culprits made it (more calls) or did not (fewer).
+        return {"short": "did not issue", "more": "made"}.get(str(details.get("culprit_side")), "at")
     if details.get("program_order") or details.get("diverged_at"):
         return "made"  # an earlier call that completed, paired with a different one
     return "in"

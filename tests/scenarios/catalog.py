@@ -231,6 +231,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              line="metric_extra", also=("metric_branch",), absent=NOT_OOM, tags=("python", "async"),
              env=ASYNC_BACKEND,
              note="gloo_async: every rank ends in the final barrier; rank 0's last all_reduce is still in flight"),
+    incident("metric_extra_long", PO, "metric_extra_long", kind="rank_conditional", ranks=(0,), op="all_reduce",
+             line="long_extra", also=("long_branch",), absent=NOT_OOM, tags=("python",),
+             note="88 calls per rank: the rings keep the newest 64 of a group, so the extra call at seq 6 is gone "
+                  "by the stall; the watchdog's live warning (kept in the fixture) names it"),
     incident("save_barrier", PO, "save_barrier", kind="rank_conditional", ranks=(0,), op="barrier",
              line="save_barrier", also=("save_call", "save_branch"), absent=NOT_OOM, tags=("python",),
              note="rank 0's barrier inside save() pairs with the others' end-of-epoch barrier; its own epoch barrier "
@@ -265,6 +269,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              note="the guard depends on rank 1's loss, not on the rank; rank 1 skips one gradient all-reduce (op), "
                   "the later ones pair one step off, and rank 1 ends in the final barrier while the others wait "
                   "in their last gradient all-reduce"),
+    incident("accum_window_async", PO, "accum_window", kind="rank_conditional", kinds_ok=("desync",), ranks=(3,),
+             op="all_reduce", line="accum_window", also=("accum_no_sync",), absent=NOT_OOM, tags=("cpp", "async"),
+             env=ASYNC_BACKEND, note="accum_window on gloo_async (NCCL's model: DDP's all-reduces return early)"),
+    incident("skip_backward_async", PO, "skip_backward", kind="desync", kinds_ok=("rank_conditional",), ranks=(1,),
+             op="all_reduce", line="skip_continue", also=("skip_guard",), absent=NOT_OOM, tags=("cpp", "async"),
+             env=ASYNC_BACKEND, note="skip_backward on gloo_async"),
     healthy("healthy_bcast_both_arms", PO, "bcast_both_arms", tags=("python",),
             note="the broadcast is issued from two lines, one per arm of `if rank == 0`; every rank calls it"),
     healthy("healthy_bcast_both_arms_async", PO, "bcast_both_arms", tags=("python", "async"), env=ASYNC_BACKEND),

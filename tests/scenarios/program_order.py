@@ -6,6 +6,9 @@ call pairs silently with the peers' next one; the job only hangs or fails later.
 metric_extra      rank 0 all_reduces a logged metric (same shape as the gradient) inside ``if rank == 0``:
                   every later all_reduce pairs one call off; at the end rank 0's last all_reduce meets the
                   others' final barrier (after allenai/OLMo#453: only rank 0 reduced the global loss)
+metric_extra_long the same extra metric all_reduce, in a loop of two all_reduces (gradients, buffers) that runs
+                  long enough for the rings to lose the extra call before the job hangs: the warning the
+                  watchdog gave while the job ran is what names it at the stall
 save_barrier      ``save()`` ends in a barrier meant for every rank but is called under ``if rank == 0``: it
                   pairs with the others' end-of-epoch barrier, then rank 0's epoch barrier meets the others'
                   next all_reduce (after alan-turing-institute/autocast#386: save_checkpoint under is_global_zero)
@@ -61,6 +64,21 @@ def metric_extra(rank: int) -> None:
                 synchronize()
                 print(f"step {step}: metric {metric.mean().item():.2f}", flush=True)
     dist.barrier()  # site:metric_end
+    dist.destroy_process_group()
+
+
+def metric_extra_long(rank: int) -> None:
+    grads, bufs = torch.ones(8), torch.ones(8)
+    for step in range(1, 45):
+        dist.all_reduce(grads)  # site:long_grads
+        if step == HANG_STEP:
+            mark_onset()
+            if rank == 0:  # site:long_branch
+                metric = torch.full((8,), float(step))
+                dist.all_reduce(metric)  # site:long_extra
+        dist.all_reduce(bufs)  # site:long_bufs
+        time.sleep(0.15)
+    dist.barrier()  # site:long_end
     dist.destroy_process_group()
 
 
@@ -244,6 +262,7 @@ def main() -> None:
         capture_point(7.0)
     {
         "metric_extra": lambda: metric_extra(rank),
+        "metric_extra_long": lambda: metric_extra_long(rank),
         "save_barrier": lambda: save_barrier(rank),
         "async_extra": lambda: async_extra(rank),
         "accum_window": lambda: accumulate(rank, mine=4, others=3),
