@@ -12,7 +12,7 @@ Each scenario runs, one at a time, as::
     python -m dtwatch run --stall-window 10 --fail-fast --dir <tmp> --job-id <id> --metrics-port off -- \\
         python -m torch.distributed.run --nproc-per-node 4 --master-port <free> tests/scenarios/<script> ARGS
 
-with ``tests/scenarios/minilib`` copied into a temporary ``site-packages`` directory on ``PYTHONPATH`` (so
+with ``tests/minilib`` copied into a temporary ``site-packages`` directory on ``PYTHONPATH`` (so
 its frames are library frames) and a hard timeout (the job's process tree is killed after it). For an
 incident, the first stall-severity finding of the first incident bundle is compared with the truth:
 kind, culprit ranks, op, and the root-cause line (matched against the finding's site, user_site and
@@ -107,7 +107,7 @@ def run_one(sc: Scenario, *, window: float, work: Path, capture_dir: Path | None
     root = work / sc.name
     shutil.rmtree(root, ignore_errors=True)
     libdir = root / "lib" / "site-packages"
-    shutil.copytree(SCENARIO_DIR / "minilib", libdir / "minilib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SCENARIO_DIR.parent / "minilib", libdir / "minilib", ignore=shutil.ignore_patterns("__pycache__"))
     job_id = f"{sc.name}-{uuid.uuid4().hex[:6]}"
     run_dir = root / job_id
     cmd = [sys.executable, "-m", "dtwatch", "run", "--stall-window", str(window), "--fail-fast", "--dir", str(root),

@@ -14,6 +14,7 @@ from dtwatch.diagnose.compare import blocked_findings, first_divergence
 from dtwatch.diagnose.context import Context, with_cpp_entries
 from dtwatch.diagnose.ended import exit_findings, gone_findings
 from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.hints import with_lint_hints
 from dtwatch.diagnose.idle import stuck_outside, unresponsive
 from dtwatch.diagnose.model import Finding
 from dtwatch.diagnose.order import parting_at_stall
@@ -27,7 +28,7 @@ __all__ = ["classify", "exit_findings"]
 def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence) -> list[Finding]:
     """Explain a stall. ``check`` must say ``stalled``."""
     ctx = Context(states, check.positions, check.last_progress, now, evidence)
-    return with_sync_points(ctx, with_cpp_entries(ctx, _classify(ctx, check)))
+    return with_lint_hints(ctx, with_sync_points(ctx, with_cpp_entries(ctx, _classify(ctx, check))))
 
 
 

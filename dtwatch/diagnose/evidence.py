@@ -45,6 +45,21 @@ class Evidence:
         text = self.source(path)
         return _branches(text, path).get(line) if text is not None else None
 
+    def rank_conditional_calls(self, path: str) -> list[dict]:
+        """What ``dtwatch lint`` finds in the file: collectives reached under a rank test (DTW001) and early exits
+        under one that skip a collective (DTW002), as {"line", "code", "call", "condition"}."""
+        text = self.source(path)
+        if text is None:
+            return []
+        from dtwatch.lint.checker import lint_source
+
+        try:
+            found = lint_source(text, path)
+        except Exception:  # noqa: BLE001 - evidence is optional
+            return []
+        return [{"line": f.line, "code": f.code, "call": f.call, "condition": f.condition}
+                for f in found if f.code in ("DTW001", "DTW002")]
+
     def enclosing_loops(self, path: str, line: int) -> list[Loop]:
         """Every loop ``line`` runs in, innermost first."""
         text = self.source(path)

@@ -194,3 +194,12 @@ def parting_summary(p: Parting, *, branch: dict | None, fmt: Callable[[dict | No
         parts.append("the two sides are the same size and no rank test was found, so whether one side made an "
                      "extra call or the other skipped it is not known")
     return sentence(*parts)
+
+
+def lint_hint_sentence(entry: str, hints: list[tuple[str, str, str]]) -> str:
+    """The lint's rank-conditional collectives in code that a library entry point runs (see diagnose/hints.py)."""
+    listed = "; ".join(f"{where} under `{cond}`" + (" (an early exit that skips one)" if code == "DTW002" else "")
+                       for where, cond, code in hints)
+    return sentence(f"the collective was issued by a library inside {entry}, so its own line cannot show the "
+                    f"cause; dtwatch lint finds collectives reached under a rank test in that code: {listed}",
+                    "a call there that only some ranks make is the likely cause")

@@ -284,6 +284,11 @@ SCENARIOS: tuple[Scenario, ...] = (
             note="the 1F1B schedule of pp_recv_recv with the warm-up count from the stage index"),
     healthy("healthy_metric_all_ranks", PO, "metric_all_ranks", tags=("python",),
             note="every rank all_reduces the metric; only rank 0 prints it"),
+    incident("lib_log_rank0_sync", LB, "log_rank0", kind="rank_conditional", kinds_ok=("desync",), ranks=(0,),
+             op="all_reduce", line="log_rank0", also=("log_branch", "log_fit"), present=("log_rank0", "likely cause"),
+             tags=("library",),
+             note="the metric's all_reduce is issued by the trainer at the end of the epoch (user line: the fit call); "
+                  "the line that logged it only on rank 0 is on no stack, so the lint's finding is the lead"),
     # -- healthy controls -----------------------------------------------------------------------------
     healthy("healthy_join_uneven", HC, "join", tags=("cpp",)),
     healthy("healthy_eval_all_ranks", HC, "eval_all", tags=("python",)),

@@ -6,6 +6,10 @@ fabric_save   ``fabric.save(...)`` (which ends in a barrier, meant for every ran
               ``if fabric.global_rank == 0``; the others run the next DDP step
 accel_gather  ``acc.gather(preds)`` only ``if acc.is_main_process``; the others go on to ``acc.wait_for_everyone()``
 wait_main     ``acc.wait_for_everyone()`` indented into the main-process block; the others reduce the next loss
+log_rank0     a metric logged with ``self.log(..., sync_dist=True)`` only on global rank 0 in a validation step:
+              the trainer syncs it at the end of the epoch, from inside ``fit``, where the others are already at
+              the epoch barrier (after Lightning-AI/pytorch-lightning#19917 and choderalab/modelforge#313:
+              keys logged on some ranks only hang the reduction at the end of the epoch)
 early_stop    per-rank early stopping on a local (not reduced) validation loss: rank 1 breaks out of its
               epoch loop first and waits in ``fabric.barrier()``; the others train another epoch (DDP)
 """
@@ -17,7 +21,7 @@ import time
 import torch
 
 from common import HANG_STEP, batch, ddp_model, finish, mark_onset, setup
-from minilib import Accelerator, EarlyStopping, Fabric
+from minilib import Accelerator, EarlyStopping, Fabric, Module, Trainer
 
 VARIANT = sys.argv[1]
 
@@ -68,6 +72,25 @@ def wait_main(rank: int) -> None:
             acc.wait_for_everyone()  # site:wait_call
 
 
+class Classifier(Module):
+    def validation_step(self, batch: torch.Tensor, index: int) -> None:
+        acc = (batch.sum(dim=1) > 0).float().mean()
+        self.log("val_acc", acc, sync_dist=True)
+        if self.global_rank == 0 and self.epoch == HANG_STEP:  # site:log_branch
+            self.log("val_acc_rank0", acc, sync_dist=True)  # site:log_rank0
+
+
+def log_rank0(rank: int) -> None:
+    model = Classifier()
+
+    def on_epoch(epoch: int) -> None:
+        model.epoch = epoch
+        if epoch == HANG_STEP:
+            mark_onset()
+
+    Trainer(epochs=8).fit(model, batches=3, on_epoch=on_epoch)  # site:log_fit
+
+
 def local_val_loss(rank: int, epoch: int) -> float:
     # rank 1's validation shard stops improving after epoch 1; the others keep improving
     return 1.0 if rank == 1 and epoch >= 1 else 1.0 / (epoch + 1)
@@ -90,7 +113,7 @@ def early_stop(rank: int) -> None:
 def main() -> None:
     rank, _ = setup()
     {"fabric_save": fabric_save, "accel_gather": accel_gather, "wait_main": wait_main,
-     "early_stop": early_stop}[VARIANT](rank)
+     "early_stop": early_stop, "log_rank0": log_rank0}[VARIANT](rank)
     finish()
 
 
