@@ -664,3 +664,23 @@ def test_inherited_tests_do_not_change_the_findings() -> None:
 def is_rank_conditional_line_of_source(source: str, line: int) -> bool:
     checker = ModuleChecker(source, "t.py", ast.parse(source)).run()
     return line in checker.conditional_lines
+
+
+def test_a_rank_conditional_return_gates_only_what_follows_it() -> None:
+    # The lines after the return in the same block (and after its enclosing statements) run only on the ranks
+    # that did not return; another arm of an enclosing if, and the loop body before the return, do not.
+    source = (
+        "import torch.distributed as dist\n"
+        "def main(rank, scenario):\n"
+        "    if scenario == 'a':\n"
+        "        for step in range(5):\n"
+        "            dist.all_reduce(x)\n"
+        "            if rank == 1 and step == 3:\n"
+        "                return\n"
+        "            dist.barrier()\n"
+        "    elif scenario == 'b':\n"
+        "        dist.all_reduce(y)\n"
+    )
+    branches = dtwatch.lint.checker.rank_branches(source, "t.py")
+    assert branches[8] == (6, "if rank == 1 and step == 3: return")
+    assert 5 not in branches and 10 not in branches

@@ -137,16 +137,24 @@ class Context:
         return unique
 
     def branch(self, rank: int, call: Call | None) -> dict | None:
-        """The rank-conditional ``if`` that the call (or the code path to it) runs under."""
+        """The rank-conditional ``if`` that the call (or the code path to it) runs under. Where the test was
+        found on a helper's line (a function only ever called under it), an outer frame at the test itself
+        names the call that entered the helper."""
+        found_at: dict | None = None
         for f in self.frames(rank, call):
             if is_library_path(str(f.get("file", ""))):
                 continue
             found = self.ev.rank_branch(str(f["file"]), int(f["line"]))
-            if found:
-                line, text = found
-                return {"file": f["file"], "line": line, "function": f.get("function"), "source": text,
-                        "call_line": f["line"]}
-        return None
+            if not found:
+                continue
+            line, text = found
+            here = {"file": f["file"], "line": line, "function": f.get("function"), "source": text,
+                    "call_line": f["line"]}
+            if found_at is None or (here["file"] == found_at["file"] and line == found_at["line"]):
+                found_at = here  # the outermost frame under the same test: the line that entered the helper
+            else:
+                break
+        return found_at
 
     # -- calls ------------------------------------------------------------------------------------
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:

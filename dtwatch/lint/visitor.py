@@ -323,8 +323,10 @@ class ModuleChecker:
             # The collectives after a rank-conditional return run only on the ranks that did not return: for the
             # runtime diagnosis they are reached through that test (named with its exit).
             gated = Condition(f"{cond.label}: {exit_text}", cond.where, cond.node, cond.balanced)
+            after = _lines_after(target.node, cond.node)
             for (at, _), _m in skipped:
-                self.branches.setdefault(at, gated)
+                if at in after:
+                    self.branches.setdefault(at, gated)
         (line, _), match = min(skipped, key=lambda item: item[0])
         self.report(node, "DTW002", exit_text, cond, f"{exit_text} inside {cond.where} skips {match.describe(line)} "
                     "on those ranks, so the other ranks will hang in it; let every rank reach "
@@ -496,3 +498,29 @@ def receiver_tail(receiver: ast.expr) -> str:
     """The receiver's last name, lower-case, without leading underscores: ``self._trainer`` gives "trainer"."""
     dotted = syntax.dotted(receiver)
     return dotted.rsplit(".", 1)[-1].lstrip("_").lower() if dotted is not None else ""
+
+
+def _lines_after(scope: ast.AST, stmt: ast.AST) -> set[int]:
+    """The lines of the statements that run after ``stmt`` in ``scope`` on the way out: its following siblings,
+    then those of each enclosing statement, up to ``scope`` (never another arm of an enclosing ``if``, and
+    never the earlier part of an enclosing loop's body)."""
+    path: list[tuple[list[ast.stmt], int]] = []
+
+    def find(node: ast.AST) -> bool:
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, child in enumerate(block):
+                if child is stmt or (isinstance(child, ast.AST) and find(child)):
+                    path.append((block, i))
+                    return True
+        return False
+
+    find(scope)
+    lines: set[int] = set()
+    for block, i in path:
+        for later in block[i + 1:]:
+            lines.update(range(later.lineno, (later.end_lineno or later.lineno) + 1))
+    return lines
+

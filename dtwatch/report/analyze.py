@@ -21,6 +21,7 @@ from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
 from dtwatch.report.bundle import bundle_findings
+from dtwatch.report.events import warnings_in
 from dtwatch.ring import RingFormatError, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -86,22 +87,7 @@ def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
 
 def live_warnings(event_files: list[Path]) -> list[Finding]:
     """The warnings watchdogs issued during the run, once each (several nodes may issue the same)."""
-    seen: dict[tuple, Finding] = {}
-    for path in event_files:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") != "warning":
-                continue
-            f = Finding.from_dict(event)
-            seen.setdefault((f.kind, tuple(f.ranks)), f)
-    return sorted(seen.values(), key=lambda f: f.detected)
+    return [Finding.from_dict(w) for w in warnings_in(event_files)]
 
 
 def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:

@@ -46,6 +46,7 @@ from typing import Any
 from dtwatch.diagnose.state import Call, RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE, is_events_file
 from dtwatch.report.bundle import bundle_findings
+from dtwatch.report.events import warnings_in
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.watchdog.stacks import process_ending
 
@@ -201,23 +202,8 @@ def read_bundles(dirs: list[Path]) -> Raw:
 
 def live_warnings(run_dir: Path, before: float) -> list[dict]:
     """The warnings the watchdogs issued while the job ran, up to ``before`` (their events files), once each."""
-    seen: dict[tuple, dict] = {}
-    for path in sorted(run_dir.glob("*")):
-        if not is_events_file(path.name):
-            continue
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "warning" and float(event.get("detected") or 0.0) <= before:
-                w = {k: v for k, v in event.items() if k != "event"}
-                seen.setdefault((w.get("kind"), tuple(w.get("ranks") or ()), w.get("group"), w.get("seq")), w)
-    return sorted(seen.values(), key=lambda w: float(w.get("detected") or 0.0))
+    files = [p for p in sorted(run_dir.glob("*")) if is_events_file(p.name)]
+    return [w for w in warnings_in(files) if float(w.get("detected") or 0.0) <= before]
 
 
 def read_endings(run_dir: Path, states: list[dict]) -> dict[str, dict]:
