@@ -6,7 +6,9 @@ a clock, the stall window and an :class:`Evidence` reader (source lines, the sta
 check, loops, stacks, Flight Recorder entries, how processes ended); its output is typed findings.
 It does no I/O and does not change its inputs' meaning (it settles per-group completion counts).
 
-Layout: :mod:`.positions` (where each rank is; the stall decision); :mod:`.decide` dispatching to
+Layout: :mod:`.align` and :mod:`.order` (program order: the first point where the ranks' call streams
+parted, at a stall, when ranks end, and live); :mod:`.positions` (where each rank is; the stall decision);
+:mod:`.hints` (the lint's leads where a library issued the call); :mod:`.decide` dispatching to
 :mod:`.ended` (ranks that ended), :mod:`.idle` (wedged or idle ranks), :mod:`.compare` (ranks that
 all issued something: alignment, desyncs, waits across groups), :mod:`.loops` (uneven iterations),
 with :mod:`.context` (the questions they share); :mod:`.text` (every sentence); :mod:`.warn`
