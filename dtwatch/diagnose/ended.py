@@ -209,6 +209,7 @@ def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Find
                                 f"group {group} that {fmt_ranks(more)} had made before it")
             finally:
                 ctx.past = False
+            f.details["program_order"] = True  # a call past the end of its peers' program
             return f
         if any(set(ld["short_ranks"]) & set(clean) for ld in ctx.loaders):
             continue  # their DataLoader was shorter: uneven iterations (see loops.uneven)

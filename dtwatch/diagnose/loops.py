@@ -232,9 +232,9 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
                  f"{fmt_ranks(short)} issued fewer collectives in the loop"]
     if certain:
         parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran as many optimizer steps "
-                     f"as {fmt_ranks(more)}, counting the one {verb(more, 'it is', 'they are')} in; the ranks issued "
-                     "a different number of collectives for the same steps, so the backend paired them out of step "
-                     "and the last call has no partner")
+                     f"as {fmt_ranks(more)}, counting the step {fmt_ranks(more)} {verb(more, 'is', 'are')} in; the "
+                     "ranks issued a different number of collectives for the same steps, so the backend paired them "
+                     "out of step and the last call has no partner")
     else:
         parts.append(f"{fmt_ranks(short)} either ran fewer iterations or issued fewer collectives in them; the "
                      "optimizer steps are the same, so the number of collectives per iteration differs by rank")
