@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 
-HISTORY = 512  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
+HISTORY = 192  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
 WINDOW = 160  # tokens aligned after the first number where the streams differ (bounds the O(n^2) table)
 # Costs: an identical call; the same op and shape from a line that stands in for the other's repeatedly; the
 # same from a pair of lines seen once; a call on one side only.
@@ -109,8 +109,11 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str) -> l
         return []
     covered: dict[int, Call] = {}
     for c in g.recent:
-        for q in range(c.seq, c.seq + max(c.span, 1)):
-            covered[q] = c
+        if c.span <= 1:
+            covered[c.seq] = c
+        else:
+            for q in range(c.seq, c.seq + c.span):
+                covered[q] = c
     if not covered and not g.complete:
         return []
     top = max(g.seq, max(covered, default=0))

@@ -22,6 +22,7 @@ Entries are those of :func:`summarize_entry` (``group``, ``seq`` = ``collective_
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,7 @@ def default_mapping(backend: str) -> SeqMapping:
     return SeqMapping(OP_ID if "gloo" in (backend or "").lower() else SEQ)
 
 
+@functools.lru_cache(maxsize=256)
 def op_family(name: str) -> str:
     """A collective's kind, the same for dtwatch's op names and FR's profiling names.
 

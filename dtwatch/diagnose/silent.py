@@ -121,6 +121,7 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
         # Numbers every member issued and completed.
         hi = min(s.groups[group].completed for s in members)
         lo = max((min(c) for c in calls.values() if c), default=hi + 1)
+        differ = False  # some completed number paired different calls (a parting must pair such calls)
         for seq in range(lo, hi + 1):
             sigs = {s.rank: _signature(s, group, seq, calls[s.rank]) for s in members}
             if any(v is None or v == _SKIP for v in sigs.values()):
@@ -128,6 +129,7 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
             counts: Counter[tuple | str] = Counter(v for v in sigs.values() if v is not None)
             if len(counts) == 1:
                 continue
+            differ = True
             (common, _), (other, _) = counts.most_common(2)
             pattern = _differ(common, other)
             if pattern is None:
@@ -141,7 +143,7 @@ def silent_desyncs(states: list[RankState], now: float, reported: set | None = N
             found.append(finding)
             break
         else:
-            parted = _parted(members, group, now, evidence)
+            parted = _parted(members, group, now, evidence) if differ else None
             if parted is not None:
                 reported.add((group, parted.seq))
                 found.append(parted)
