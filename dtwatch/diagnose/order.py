@@ -61,7 +61,9 @@ def parting_finding(p: Parting, ev: Evidence, *, severity: str = STALL, now: flo
     call_site = (first.call.user_site or first.call.site) if first.call is not None else None
     paired = next(iter(p.paired_with.values()), None)
     paired_site = (paired.call.user_site or paired.call.site) if paired is not None and paired.call else None
-    kind = Kind.RANK_CONDITIONAL if branch is not None and p.decided else Kind.DESYNC
+    # While the job runs, a parting is a silent desync (the kind the alert rules watch), its rank test named in
+    # the details; at a stall or crash, one reached through a rank test is a rank-conditional call.
+    kind = Kind.RANK_CONDITIONAL if branch is not None and p.decided and severity == STALL else Kind.DESYNC
     summary = parting_summary(p, branch=branch, fmt=fmt, call_site=call_site, paired_site=paired_site,
                               live=severity == WARNING)
     details = {
@@ -72,7 +74,7 @@ def parting_finding(p: Parting, ev: Evidence, *, severity: str = STALL, now: flo
         "made_by": owner, "paired_with": {str(r): {"op": t.call.op if t.call else "cpp_collective", "seq": t.seq,
                                                    "site": site_of(t.call.user_site or t.call.site) if t.call else None}
                                           for r, t in sorted(p.paired_with.items())},
-        "deviant_known": p.decided, "counts": p.counts,
+        "deviant_known": p.decided, "counts": p.counts, "silent": severity == WARNING,
     }
     if first.call is not None and first.call.site and call_site and first.call.site != call_site:
         details["library_site"] = site_of(first.call.site)
@@ -123,8 +125,10 @@ def _seen_earlier(ctx: Context) -> Finding | None:
             continue
         when = time.strftime("%H:%M:%S", time.localtime(w.detected)) if w.detected else "earlier"
         body = w.summary.replace(" and their results are mixed", "").rstrip(". ")
+        kind = Kind.RANK_CONDITIONAL if details.get("conditional_line") and details.get("deviant_known", True) \
+            else w.kind
         return Finding(
-            kind=w.kind, severity=STALL, ranks=list(w.ranks), op=w.op, group=w.group, seq=w.seq, site=w.site,
+            kind=kind, severity=STALL, ranks=list(w.ranks), op=w.op, group=w.group, seq=w.seq, site=w.site,
             summary=sentence(body, f"this was seen at {when} while the job ran; the records of those calls have "
                              "been overwritten since, so whether the ranks came back in step after it is not known"),
             onset=w.onset, detected=ctx.now, details={**details, "silent": False, "seen_earlier": when},
