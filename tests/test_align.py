@@ -66,8 +66,7 @@ def test_two_equal_sides_the_rank_test_decides_and_without_one_it_is_not_known()
 
 def test_both_arms_of_an_if_else_and_joins_shadow_calls_are_not_partings():
     # if rank == 0: broadcast(t, 0) else: broadcast(t, 0) - every call from another line, none extra.
-    streams = {0: toks("A " * 12), 1: toks("B/B " * 12 if False else "8/B " * 12)}
-    streams[1] = [Token(t.seq, ("all_reduce", "f32[8]", ("t.py", 2))) for t in streams[1]]
+    streams = {0: toks("A " * 12), 1: [Token(q, ("all_reduce", "f32[8]", ("t.py", 2))) for q in range(1, 13)]}
     assert parting("0", streams, {0: False, 1: False}) is None
     assert parting("0", streams, {0: True, 1: True}) is None
     # torch's Join: a rank out of data shadows the others' all_reduces from the join hook's line.
@@ -81,11 +80,12 @@ def test_while_the_ranks_run_a_pairing_that_could_be_either_story_is_not_told():
     streams = {0: [*toks("G G"), m, *toks("G G", start=4)], 1: toks("G G G G G"), 2: toks("G G G G G")}
     assert parting("0", streams, {r: False for r in streams}) is None
     # ...but a loop of distinct calls shows the shift while the job still runs.
-    streams = {0: [*toks("G x* "), Token(3, ("all_reduce", "f32[8]", ("t.py", 999))), *toks("G x* G x* G", start=4)],
-               1: toks("G x* G x* G x* G x*"), 2: toks("G x* G x* G x* G x*")}
-    streams[0][3:] = []
-    streams[0] = [*toks("G x*"), Token(3, ("all_reduce", "f32[8]", ("t.py", 999)))]
+    extra = Token(3, ("all_reduce", "f32[8]", ("t.py", 999)))
+    streams = {0: [*toks("G x*"), extra], 1: toks("G x* G x*"), 2: toks("G x* G x*")}
     assert parting("0", streams, {r: False for r in streams}) is None  # nothing after it yet
+    streams[0] = [*toks("G x*"), extra, *toks("G x* G x*", start=4)]
+    p = parting("0", streams, {r: False for r in streams})
+    assert p is not None and p.ranks == [0] and p.extra and p.calls == [extra]  # the next iteration shows it
 
 
 def test_a_python_call_among_cpp_issued_ones_is_an_extra_call():
