@@ -136,3 +136,15 @@ def test_an_extra_call_between_distinct_calls_is_warned_of_while_the_job_runs():
     # metric_extra_long's watchdog warned live (kept in the fixture); its stall diagnosis rests on that warning.
     fx = next(f for f in _fixtures() if f.name == "metric_extra_long")
     assert any(w.get("details", {}).get("program_order") and w.get("ranks") == [0] for w in fx.warnings)
+
+
+def test_a_schedule_deadlock_names_where_a_rank_left_its_role_peers_order():
+    from dtwatch.diagnose import diagnose_fixture
+
+    fx = next(f for f in _fixtures() if f.name == "pp_recv_recv")
+    f = diagnose_fixture(fx)[0]
+    assert f.details["pattern"] == "p2p_deadlock" and f.ranks == [0, 1]
+    # Rank 2 runs stage 1 of the other pipeline correctly: rank 0's 6th p2p call is a recv where rank 2 sent.
+    assert f.details["role_differences"] == {"0": {"role_peer": 2, "call_index": 5, "made": "recv",
+                                                   "role_peer_made": "send"}}
+    assert "network" not in f.summary

@@ -186,6 +186,11 @@ def _schedule_deadlock(ctx: Context, cycle: list[Position], waiting: list[int]) 
              "warm-up count or send/recv order differs between the ranks)"]
     if len(tested) == 1:
         parts.append(f"rank {tested[0]}'s call is reached through the rank test {ctx.fmt(tests[tested[0]])}")
+    roles = _role_differences(ctx, ranks)
+    for r, (q, index, mine, theirs) in sorted(roles.items()):
+        parts.append(f"rank {r}'s point-to-point order differs from that of rank {q}, which talks to its peer the "
+                     f"same way (the same position in another pipeline or group): at its point-to-point call "
+                     f"{index + 1}, rank {r} made a {mine} where rank {q} made a {theirs}")
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in ranks)
     if waiting_txt:
         parts.append(waiting_txt)
@@ -196,9 +201,44 @@ def _schedule_deadlock(ctx: Context, cycle: list[Position], waiting: list[int]) 
         details={"pattern": "p2p_deadlock", "cycle": [{"rank": p.rank, "op": p.issued.op, "peer": p.issued.peer,
                                                        "site": ctx.site(ctx.user_site(p.rank, p.issued))}
                                                       for p in cycle],
-                 "conditional_line": tests[tested[0]] if len(tested) == 1 else None},
+                 "conditional_line": tests[tested[0]] if len(tested) == 1 else None,
+                 "role_differences": {str(r): {"role_peer": q, "call_index": i, "made": m, "role_peer_made": t}
+                                      for r, (q, i, m, t) in roles.items()}},
         **fields,
     )
+
+
+def _p2p_order(ctx: Context, rank: int) -> list[tuple[str, int]] | None:
+    """The rank's point-to-point calls in order, as (send|recv, peer - rank); None unless its records are complete."""
+    calls: list[Call] = []
+    for g in ctx.by_rank[rank].groups.values():
+        if any(c.op in P2P for c in g.recent) and not g.complete:
+            return None
+        calls += [c for c in g.recent if c.op in P2P and c.peer is not None and c.peer >= 0]
+    calls.sort(key=lambda c: c.t_enter)
+    return [("recv" if c.op in ("recv", "irecv") else "send", c.peer - rank) for c in calls]
+
+
+def _role_differences(ctx: Context, ranks: list[int]) -> dict[int, tuple[int, int, str, str]]:
+    """For ranks of a p2p cycle: where a rank's send/recv order first differs from a rank outside the cycle that
+    talks to its peers at the same offsets (the same stage of another pipeline replica), over what both did."""
+    out: dict[int, tuple[int, int, str, str]] = {}
+    orders = {r: _p2p_order(ctx, r) for r in ctx.by_rank}
+    for r in ranks:
+        mine = orders.get(r)
+        if not mine:
+            continue
+        offsets = {off for _, off in mine}
+        for q in sorted(ctx.by_rank):
+            theirs = orders.get(q)
+            if q in ranks or not theirs or {off for _, off in theirs} != offsets:
+                continue
+            n = min(len(mine), len(theirs))
+            at = next((i for i in range(n) if mine[i] != theirs[i]), None)
+            if at is not None:
+                out[r] = (q, at, mine[at][0], theirs[at][0])
+                break
+    return out
 
 
 def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
