@@ -87,7 +87,6 @@ class Parting:
     extra: bool  # True: ``ranks`` made the calls; False: the reference made them and ``ranks`` skipped them
     calls: list[Token]  # the calls one side made and the other did not (consecutive), first first
     paired_with: dict[int, Token] = field(default_factory=dict)  # what the other side issued at that number
-    resumed: Token | None = None  # the first call both sides made again after the parting (on ``ranks``)
     decided: bool = True  # False: two equal sides and nothing tells which one deviates
     counts: list[dict] = field(default_factory=list)  # per side: {"ranks", "calls": [{op, file, line, n}]}
 
@@ -321,7 +320,6 @@ def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int,
     else:
         extra = bool(only_a)
     calls = only_a if extra else only_b
-    resumed = next((a[st.i] for st in steps[end:] if st.kind == "pair"), None)
     side, other = list(cls), list(reference)
     decided = not tie
     if tie:
@@ -331,7 +329,6 @@ def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int,
         if b_test and not a_test:
             side, other, extra = list(reference), list(cls), True
             calls = only_b
-            resumed = next((b[st.j] for st in steps[end:] if st.kind == "pair"), None)
         decided = a_test or b_test
     # What the other side issued at that number: the executed pairing.
     at = calls[0].seq
@@ -339,7 +336,7 @@ def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int,
     counts = [{"ranks": sorted(side), "calls": _count(cut[side[0]])},
               {"ranks": sorted(other), "calls": _count(cut[other[0]])}]
     return Parting(group=group, ranks=sorted(side), reference=sorted(other), extra=extra, calls=calls,
-                   paired_with=paired, resumed=resumed, decided=decided, counts=counts)
+                   paired_with=paired, decided=decided, counts=counts)
 
 
 def _count(tokens: Iterable[Token]) -> list[dict]:

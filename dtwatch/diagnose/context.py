@@ -230,8 +230,7 @@ class Context:
                                                                     if m in self.by_rank else None)
         if mine is None or theirs is None or not (mine.complete and theirs.complete):
             return None
-        same = (call.op,) + (("irecv",) if call.op == "recv" else ("recv",) if call.op == "irecv" else
-                             ("isend",) if call.op == "send" else ("send",))
+        same = ("recv", "irecv") if call.op in ("recv", "irecv") else ("send", "isend")
         posted = sum(1 for c in mine.recent if c.op in same and c.peer == m and c.t_enter <= call.t_enter)
         matched = sum(1 for c in theirs.recent if c.op in want and c.peer == rank)
         return posted, matched

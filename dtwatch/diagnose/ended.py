@@ -188,20 +188,19 @@ def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Find
       rank-dependent ``continue`` before ``backward()``, a per-rank ``no_sync`` window); not a loop exit.
     """
     for group in sorted({g for r in others for g in ctx.by_rank[r].groups}):
-        ends = [ctx.by_rank[c].groups[group].seq for c in clean if group in ctx.by_rank[c].groups]
-        more = [o for o in others if group in ctx.by_rank[o].groups and ends
-                and ctx.by_rank[o].groups[group].seq > max(ends)]
-        if not ends or not more or len({ctx.by_rank[c].groups[group].seq for c in clean if
-                                        group in ctx.by_rank[c].groups}) != 1:
+        ends = {ctx.by_rank[c].groups[group].seq for c in clean if group in ctx.by_rank[c].groups}
+        if len(ends) != 1:
+            continue  # the clean ranks themselves ended at different points (or are not members)
+        end = ends.pop()
+        more = [o for o in others if group in ctx.by_rank[o].groups and ctx.by_rank[o].groups[group].seq > end]
+        if not more:
             continue
-        end = ends[0]
         o = more[0]
         call = ctx.named(o, ctx.call_at(o, group, end + 1))
         if call is None:
             continue
         branch = ctx.branch(o, call)
         if branch is not None and not is_exit_gate(branch):
-            ctx.pos = {**ctx.pos, o: Position(o, "blocked", call, None)}
             ctx.past = True
             try:
                 side = [Position(r, "blocked", call, None) for r in more]

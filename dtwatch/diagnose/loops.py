@@ -35,7 +35,7 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     if side is not None and ctx.branch(side[0].rank, side[0].call) is not None:
         return None  # the short side's call sits under a rank test: a rank-conditional call, not a loop exit
     loop_fact = after_loop(ctx, side, inside) if positions_known and side and inside else None
-    if loop_fact and loader is None and not fewer and inside and side and short_steps and long_steps and \
+    if loop_fact and side and inside and loader is None and not fewer and short_steps and long_steps and \
             min(short_steps) > 0 and min(short_steps) >= max(long_steps):
         # As many optimizer steps on both sides: where the loop makes the number of calls per iteration
         # rank-dependent (no_sync, a rank test's continue), that is the likelier story than an early exit.

@@ -32,20 +32,23 @@ def call_branch(ev: Evidence, token: Token) -> dict | None:
     return None
 
 
-def first_parting(states: list[RankState], final: Callable[[RankState], bool], ev: Evidence,
-                  skip_groups: set[str] | None = None) -> Parting | None:
+def group_parting(members: list[RankState], group: str, final: Callable[[RankState], bool],
+                  ev: Evidence) -> Parting | None:
+    """Where the members' streams of ``group`` parted (:func:`dtwatch.diagnose.align.parting`), if they did."""
+    streams = {s.rank: stream(s, group, op_family) for s in members}
+    return parting(group, streams, {s.rank: final(s) for s in members},
+                   under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+
+
+def first_parting(states: list[RankState], final: Callable[[RankState], bool], ev: Evidence) -> Parting | None:
     """The earliest parting over every group the ranks share (by the time its first call was issued)."""
     found: list[tuple[float, Parting]] = []
     for group in sorted({g for s in states for g in s.groups}):
-        if skip_groups and group in skip_groups:
-            continue
         members = [s for s in states if group in s.groups]
         expected = members[0].groups[group].members if members else None
         if len(members) < 2 or (expected and len(members) < len(expected)):
             continue  # not every member is seen: no majority to compare with
-        streams = {s.rank: stream(s, group, op_family) for s in members}
-        p = parting(group, streams, {s.rank: final(s) for s in members},
-                    under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+        p = group_parting(members, group, final, ev)
         if p is not None:
             when = min((t.call.t_enter for t in p.calls if t.call is not None), default=float(p.seq))
             found.append((when, p))
@@ -57,7 +60,7 @@ def parting_finding(p: Parting, ev: Evidence, *, severity: str = STALL, now: flo
     """The finding for a parting: the culprit's extra (or skipped) call, its rank test, and what it paired with."""
     first = p.calls[0]
     owner = p.ranks if p.extra else p.reference  # whose stream holds the calls
-    branch = call_branch(ev, first) if first.call is not None else None
+    branch = call_branch(ev, first)
     call_site = (first.call.user_site or first.call.site) if first.call is not None else None
     paired = next(iter(p.paired_with.values()), None)
     paired_site = (paired.call.user_site or paired.call.site) if paired is not None and paired.call else None
@@ -92,11 +95,9 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
         return s.gone or (p is not None and p.state in ("blocked", "gone", "unresponsive"))
 
     p = first_parting(ctx.states, final, ctx.ev)
-    found = (parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now) if p is not None
-             else _seen_earlier(ctx))
-    if found is None:
+    f = parting_finding(p, ctx.ev, fmt=ctx.fmt, site_of=ctx.site, now=ctx.now) if p is not None else _seen_earlier(ctx)
+    if f is None:
         return None
-    f = found
     ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
     by_how: dict[str, list[int]] = {}
@@ -107,7 +108,7 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
     if ended:
         f.details["ended_by"] = {str(r): how for r, how in ended.items()}
     for k, v in fields.items():
-        if k not in ("onset",):
+        if k != "onset":
             setattr(f, k, v)
     f.onset = f.onset or ctx.onset
     return f

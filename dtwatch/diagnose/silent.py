@@ -36,11 +36,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dtwatch.diagnose.align import parting, stream
 from dtwatch.diagnose.evidence import Evidence
-from dtwatch.diagnose.flight import op_family
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.order import call_branch, parting_finding
+from dtwatch.diagnose.order import group_parting, parting_finding
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import fmt_site, silent_desync_summary, with_source
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
@@ -154,9 +152,7 @@ def _parted(members: list[RankState], group: str, now: float, evidence: Evidence
     """Program order (:mod:`.align`): an extra or skipped call after which the ranks' streams pair again, while
     the job runs. A running rank's stream may still grow, so only what its later calls already show counts."""
     ev = evidence or Evidence()
-    streams = {s.rank: stream(s, group, op_family) for s in members}
-    p = parting(group, streams, {s.rank: s.gone for s in members},
-                under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+    p = group_parting(members, group, lambda s: s.gone, ev)
     if p is None:
         return None
     return parting_finding(p, ev, severity=WARNING, now=now, fmt=lambda site: fmt_site(with_source(site, ev), ev),
