@@ -148,3 +148,17 @@ def test_a_schedule_deadlock_names_where_a_rank_left_its_role_peers_order():
     assert f.details["role_differences"] == {"0": {"role_peer": 2, "call_index": 5, "made": "recv",
                                                    "role_peer_made": "send"}}
     assert "network" not in f.summary
+
+
+def test_lint_leads_are_given_only_where_nothing_on_the_path_explains_the_call():
+    # lib_log_rank0_sync: the metric's sync is issued inside the trainer; the lint's rank-conditional log is the
+    # lead. lib_early_stopping's loop exit explains its stall: the same file's other rank tests are not named.
+    from dtwatch.diagnose import diagnose_fixture
+    from tests.scenarios.catalog import HERE, marker_line
+
+    fixtures = {f.name: f for f in _fixtures()}
+    led = diagnose_fixture(fixtures["lib_log_rank0_sync"])[0]
+    logged = marker_line(HERE / "library.py", "log_rank0")
+    assert any(h["line"] == logged for h in led.details["lint_hints"]) and "likely cause" in led.summary
+    plain = diagnose_fixture(fixtures["lib_early_stopping"])[0]
+    assert "lint_hints" not in plain.details and "likely cause" not in plain.summary

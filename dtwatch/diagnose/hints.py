@@ -9,16 +9,17 @@ test, rank-conditional early exits) are named as the likely cause - as a lead, n
 from __future__ import annotations
 
 from dtwatch.diagnose.context import Context, is_library_path
-from dtwatch.diagnose.model import STALL, Finding
+from dtwatch.diagnose.model import STALL, Finding, Kind
 from dtwatch.diagnose.text import lint_hint_sentence
 
 MAX_HINTS = 3
+_UNEXPLAINED = (Kind.DESYNC, Kind.RANK_CONDITIONAL)
 
 
 def with_lint_hints(ctx: Context, findings: list[Finding]) -> list[Finding]:
     for f in findings:
-        if f.severity != STALL or not f.ranks or (f.details or {}).get("conditional_line"):
-            continue
+        if f.severity != STALL or not f.ranks or f.kind not in _UNEXPLAINED or f.details.get("conditional_line"):
+            continue  # only a call one side makes that nothing on its path explains (not a loop, an exit, a wedge)
         culprit = ctx.pos.get(f.ranks[0])
         call = culprit.call if culprit is not None else None
         if call is None or not call.site or not call.user_site or call.site == call.user_site \
