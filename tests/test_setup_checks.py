@@ -205,7 +205,7 @@ def test_same_shuffle_judges_a_sampler_over_every_line_that_iterates_it():
 def test_loaders_behind_one_library_line_are_compared_per_users_line():
     # Accelerate iterates every loader at one line of its own: rank 0 alone evaluating (4 batches) while
     # the others train (16) is not a loader of different lengths.
-    from dtwatch.diagnose.warn import uneven_loader_warnings
+    from dtwatch.diagnose.loaders import uneven_loader_warnings
 
     states, now = healthy()
     lib = {"file": "/venv/lib/python3.11/site-packages/accelerate/data_loader.py", "line": 583,

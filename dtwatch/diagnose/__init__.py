@@ -37,12 +37,13 @@ from typing import Any
 from dtwatch.diagnose.decide import classify as _classify
 from dtwatch.diagnose.decide import exit_findings as _exit_findings
 from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence, ViewSample
+from dtwatch.diagnose.loaders import loader_evidence, uneven_loader_warnings
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
 from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
 from dtwatch.diagnose.silent import silent_desyncs
 from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.straggler import EntryLags, entry_lags, straggler_warning
 from dtwatch.diagnose.text import fmt_ranks, fmt_site, trim, with_source
-from dtwatch.diagnose.warn import EntryLags, entry_lags, loader_evidence, straggler_warning, uneven_loader_warnings
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",

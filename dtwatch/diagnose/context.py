@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
+from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import Finding, Position
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_source
-from dtwatch.diagnose.warn import loader_evidence
 from dtwatch.record.callsite import is_user_file
 
 P2P = ("send", "recv", "isend", "irecv")

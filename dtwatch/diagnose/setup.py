@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dtwatch.diagnose.loaders import loader_key
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
-from dtwatch.diagnose.warn import loader_key
 
 SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts are final enough to compare
 
