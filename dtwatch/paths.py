@@ -66,6 +66,11 @@ def ending_files(run_dir: str, rank: int) -> tuple[str, str]:
     return base + ".fatal.txt", base + ".term.txt"
 
 
+def exit_file(run_dir: str, rank: int) -> str:
+    """How a rank's process ended, whole (exception, sys.exit, os._exit): :mod:`dtwatch.record.endings`."""
+    return os.path.join(run_dir, STACKS, rank_stem(rank) + ".exit.json")
+
+
 def flight_record_file(run_dir: str, rank: int, request: int) -> str:
     """A Flight Recorder dump a rank's sampler wrote for the watchdog's request ``request``."""
     return os.path.join(run_dir, FLIGHT_RECORDS, f"{rank_stem(rank)}.{request}.pkl")

@@ -8,11 +8,12 @@ import re
 from collections.abc import Iterable
 
 from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.exits import Told, tell
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
 from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import Finding, Position
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
-from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, trim, verb, with_source
+from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
 from dtwatch.record.callsite import is_user_file
 
 P2P = ("send", "recv", "isend", "irecv")
@@ -28,6 +29,8 @@ def is_library_path(path: str) -> bool:
     if os.path.isabs(path) and not is_user_file(path):
         return True
     parts = path.replace("\\", "/").split("/")
+    if not os.path.isabs(path) and parts[0] == "dtwatch":
+        return True  # dtwatch's own frames, as a captured incident names them (relative to the project)
     return (
         "site-packages" in parts or "dist-packages" in parts or "<site-packages>" in parts or "<stdlib>" in parts
         or any(p.startswith("python3") and i > 0 and parts[i - 1] == "lib" for i, p in enumerate(parts))
@@ -45,6 +48,7 @@ class Context:
         self.steps = {s.rank: s.step for s in states}
         self.world = max((s.world_size for s in states), default=0)  # the job's world size, as the ranks report it
         self._fr_mappings: dict = {}
+        self._endings: dict[int, dict | None] = {}
         self.past = False  # describing calls the ranks made earlier (completed), not where they are now
         self.issued_from_cpp: dict[int, dict] = {}  # rank -> the FR entry that named its C++-issued call
         self.pos = {r: (Position(p.rank, p.state, self.named(r, p.call), p.site) if p.call is not None else p)
@@ -109,18 +113,34 @@ class Context:
         if call is None:
             return None
         if call.op == CPP_OP:
-            frames = self.frames(rank, None)
-            return frames[0] if frames else None
+            return self.cpp_site(rank, call)
         user = call.user_site
         return user or call.site
+
+    def cpp_site(self, rank: int, call: Call) -> dict | None:
+        """The user's line a collective issued from C++ (DDP, FSDP) was issued under: the main thread's
+        sampled line, when the sampler saw it there from before the call was issued (``main_site_since``)
+        until after (the latest sample, ``heartbeat_time``); else py-spy's stack of a live rank blocked in
+        it. None when no sample spans the call: a line sampled earlier is from the past (the rank's
+        constructor, a print before the loop), not the call's."""
+        s = self.by_rank[rank]
+        if s.main_site and s.main_site_since <= call.t_enter <= s.heartbeat_time + 1e-6:
+            stack = list(s.main_stack) or [s.main_site]
+            return stack[0]
+        if not s.gone and self.pos.get(rank) is not None and self.pos[rank].call is call:
+            frames = [f for f in (self.ev.stack(rank) or []) if not is_library_path(str(f.get("file", "")))]
+            if frames:
+                return frames[0]
+        return None
 
     def frames(self, rank: int, call: Call | None) -> list[dict]:
         """The user-code lines a rank is at, innermost first: the call's user line and library line,
         then the sampled main-thread stack (py-spy's, when taken, for a rank that is not sampling)."""
         s = self.by_rank[rank]
         out: list[dict] = []
-        if s.gone:  # where it was when it died (faulthandler's record of the fatal signal or SIGTERM)
-            frames = (self.ev.ending(rank) or {}).get("frames") or []
+        if s.gone:  # where it was as it ended: the line that raised or exited, faulthandler's stack of a signal
+            out += list(self.told(s).frames)
+            frames = (self.ending(rank) or {}).get("frames") or []
             out += [f for f in frames if not is_library_path(str(f.get("file", "")))]
         if call is not None and call.op != CPP_OP:
             for site in (call.user_site, call.site):
@@ -275,10 +295,20 @@ class Context:
             text = f"{names} wait, the first in {describe(first.call)} at {self.fmt(site)}"
         return fields, text
 
+    def ending(self, rank: int) -> dict | None:
+        """What the rank's process wrote as it ended (:meth:`Evidence.ending`), read once."""
+        if rank not in self._endings:
+            self._endings[rank] = self.ev.ending(rank)
+        return self._endings[rank]
+
+    def told(self, s: RankState) -> Told:
+        """How ``s`` ended, with the user's line that raised or called the exit (:mod:`.exits`)."""
+        return tell(s, self.ending(s.rank), is_library_path)
+
     def how_it_ended(self, s: RankState) -> str:
-        if s.exit_state == "exception":
-            return f"raised {trim(_strip_location(s.exit_reason), 240)}"
-        ending = self.ev.ending(s.rank) if s.exit_state == "running" else None
+        if s.exit_state in ("exception", "exited"):
+            return self.told(s).text
+        ending = self.ending(s.rank) if s.exit_state == "running" else None
         sig = (ending or {}).get("signal")
         if sig == "SIGABRT":
             return "was aborted (SIGABRT, raised by native code such as a gloo or NCCL check)"
@@ -288,6 +318,8 @@ class Context:
             return "died of a fatal signal (faulthandler recorded the crash, not which signal)"
         if sig:
             return f"was killed by {sig}"
+        if s.gone and (ending or {}).get("exit"):
+            return self.told(s).text  # os._exit: the file was written, the ring not
         return s.how_it_ended() if s.gone else "is running"
 
 

@@ -3,8 +3,9 @@ a crash that followed a desync reported as the desync."""
 from __future__ import annotations
 
 from dtwatch.diagnose.compare import conditional, desync, sides_at
-from dtwatch.diagnose.context import P2P, Context, exception_site, is_library_path, with_cpp_entries
+from dtwatch.diagnose.context import P2P, Context, is_library_path, with_cpp_entries
 from dtwatch.diagnose.evidence import Evidence
+from dtwatch.diagnose.exits import Told, interrupted, same_error
 from dtwatch.diagnose.loops import (
     early_exit_loop,
     fewer_calls,
@@ -25,7 +26,7 @@ from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
 # ---------------------------------------------------------------------------------------------------
 def gone_findings(ctx: Context, gone: list[int], waiting: list[int]) -> list[Finding]:
     by_rank = ctx.by_rank
-    clean = [r for r in gone if by_rank[r].exit_state == "exited"]
+    clean = [r for r in gone if by_rank[r].clean_exit]
     if len(clean) == len(gone):
         f = uneven(ctx, clean, waiting, positions_known=False, exited=True)
         if f:
@@ -44,23 +45,39 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     s = ctx.by_rank[r]
     last = ctx.last_call(r)
     fields, waiting_txt = ctx.waiting(others)
-    raised_at = exception_site(s) if s.exit_state == "exception" else None
-    site = raised_at or ctx.user_site(r, last)
+    told = ctx.told(s) if s.exit_state in ("exception", "exited") else None
+    known_at = told.site if told is not None else None  # the line that raised or called the exit
+    site = known_at or ctx.user_site(r, last)
     parts = [f"rank {r} {ctx.how_it_ended(s)}"]
     details: dict = {}
-    if raised_at:
-        parts.append(f"at {ctx.fmt(raised_at)}")
-    elif s.exit_state == "exited":
-        # Returned from inside the loop the others are still in: name that return and its rank test.
+    if known_at:
+        parts.append(f"at {ctx.fmt(known_at)}")
+    if s.exit_state == "exited":
+        # Left the loop the others are still in: name that exit (the recorded one, else the loop's exit a
+        # rank test leads to) and its rank test.
         fact = early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
-        if fact is not None and is_return(fact["exits"][0][1]):
-            line, text = fact["exits"][0]
-            site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
-                    "source": text}
-            parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(site)}"
-                         + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
-            details["conditional_line"] = fact["branch"]
-    elif s.alive is False and s.exit_state == "running" and not (ctx.ev.ending(r) or {}).get("signal"):
+        exits = list((fact or {}).get("exits", []))
+        if known_at is not None and fact is not None:
+            exits = [e for e in exits if known_at.get("file") == fact["loop_site"]["file"]
+                     and e[0] == known_at.get("line")]
+        exits = exits[:1] if exits and is_return(exits[0][1]) else []
+        if fact is not None and exits:
+            line, text = exits[0]
+            exit_site = {"file": fact["loop_site"]["file"], "line": line,
+                         "function": fact["loop_site"].get("function"), "source": text}
+            branch = ctx.ev.rank_branch(fact["loop_site"]["file"], line) and fact["branch"]
+            if known_at is None:
+                site = exit_site
+                parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(exit_site)}"
+                             + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
+                details["conditional_line"] = fact["branch"]
+            else:
+                parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early"
+                             + (f", under the rank test {ctx.fmt(fact['branch'])}" if branch else ""))
+                if branch:
+                    details["conditional_line"] = fact["branch"]
+    elif s.alive is False and s.exit_state == "running" and not (ctx.ending(r) or {}).get("signal") \
+            and not (ctx.ending(r) or {}).get("exit"):
         # Nothing recorded how it ended. os._exit() ends a process exactly that way: if the loop the
         # others are still in can be left through it, say so (as a possibility, not a fact).
         fact = early_exit_loop(ctx, [x for x in ctx.by_rank if x != r])
@@ -72,6 +89,11 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
             parts.append(f"the loop at {ctx.fmt(fact['loop_site'])} that the others are still in can end the process "
                          f"at {ctx.fmt(site)}, which leaves no record, as here")
             details["possible_exit"] = site
+    elif s.exit_state == "running" and known_at is None and (ctx.ending(r) or {}).get("exit"):
+        told = ctx.told(s)
+        if told.site:
+            site = told.site
+            parts.append(f"at {ctx.fmt(told.site)}")
     parts.append(f"its last collective was {describe(last)} at {ctx.fmt(ctx.user_site(r, last))}" if last
                  else "it had issued no collective")
     parts += [waiting_txt, extra]
@@ -80,7 +102,7 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
         site=ctx.site(site),
         details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host,
-                 "ending": ctx.ev.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last)), **details}, **fields,
+                 "ending": ctx.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last)), **details}, **fields,
     )
 
 
@@ -119,10 +141,10 @@ def _secondary(s: RankState) -> bool:
 def _roots(ctx: Context, ended: list[RankState]) -> list[int]:
     """The ranks whose end started it: a raise, else a fatal signal recorded (not SIGTERM), else the
     earliest silent death. Ranks that ended later by SIGTERM or silently are the launcher's teardown."""
-    crashed = [s for s in ended if s.exit_state != "exited" and not _secondary(s)]
+    crashed = [s for s in ended if not s.clean_exit and not _secondary(s)]
     if not crashed:
         return []
-    raised = [s for s in crashed if s.exit_state == "exception"]
+    raised = [s for s in crashed if s.exit_state in ("exception", "exited")]  # an error, or an exit status
     fatal = [s for s in crashed if (ctx.ev.ending(s.rank) or {}).get("signal") not in (None, "SIGTERM")]
     # Ranks that received SIGTERM were ended by someone else (the launcher's teardown, a scheduler):
     # never the root.
@@ -159,7 +181,10 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
         if desync:
             return desync
         if len(roots) == len(states):
-            return []  # everything ended at once: preemption, Ctrl-C, a node lost; nothing to single out
+            # Everything ended at once: preemption, Ctrl-C, a node lost (nothing to single out), or every
+            # rank failed on its own (a start-up crash: a bad setting, two ranks on one GPU).
+            f = every_rank_failed(ctx)
+            return [f] if f is not None else []
         others = [s.rank for s in states if s.rank not in roots]
         torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(s) and s.exit_state != "exited")
         extra = f"{fmt_ranks(torn)} then ended too (the launcher's teardown)" if torn else ""
@@ -167,7 +192,7 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")
     failed = [s.rank for s in states if _secondary(s)]
     if clean and failed:
-        reasons = {s.rank: s.exit_reason for s in states if _secondary(s)}
+        reasons = {s.rank: ctx.told(s).error for s in states if _secondary(s)}
         extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
         f = beyond_clean_exit(ctx, clean, failed) or uneven(ctx, clean, failed, positions_known=False, exited=True)
         if f:
@@ -175,6 +200,63 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
             return [f]
         return [exited(ctx, r, failed, extra) for r in clean]
     return []
+
+
+def every_rank_failed(ctx: Context) -> Finding | None:
+    """Every rank raised (or exited with an error status) on its own, not because a peer died, nor by an
+    interrupt: one CRASH finding with the error each group of ranks raised and the line, and the cause
+    where the error names one (two ranks on one GPU)."""
+    told = {s.rank: ctx.told(s) for s in ctx.states}
+    if not all(t.failed and not interrupted(t) for t in told.values()):
+        return None
+    kinds: list[list[int]] = []
+    for r in sorted(told):
+        same = next((k for k in kinds if same_error(told[k[0]], told[r])), None)
+        if same is None:
+            kinds.append([r])
+        else:
+            same.append(r)
+    first = kinds[0][0]
+    calls = {r: ctx.last_call(r) for r in told}
+    first_call = all(c is None or c.seq <= 1 for c in calls.values())
+    parts = []
+    for ranks in kinds:
+        t = told[ranks[0]]
+        where = f" at {ctx.fmt(t.site)}" if t.site else ""
+        who = "every rank" if len(ranks) == len(told) else fmt_ranks(ranks)
+        parts.append(f"{who} {t.text}{where}")
+    when = ("in its first collective" if first_call and any(c is not None for c in calls.values()) else
+            "before its first collective" if all(c is None for c in calls.values()) else "")
+    if when:
+        parts[0] += f" ({when})"
+    cause = same_gpu_cause(ctx, told)
+    if cause:
+        parts.append(cause)
+    last = calls[first]
+    return Finding(
+        kind=Kind.RANK_EXITED, severity=STALL, ranks=sorted(told), summary=sentence(*parts),
+        op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
+        site=ctx.site(told[first].site),
+        details={"every_rank_failed": True, "errors": {str(r): t.error for r, t in sorted(told.items())},
+                 **({"cause": cause} if cause else {})},
+    )
+
+
+def same_gpu_cause(ctx: Context, told: dict[int, Told]) -> str:
+    """Two ranks on one GPU, where the errors (NCCL's "Duplicate GPU detected" / "Multiple Ranks are using
+    the same GPU") or the ranks' own device identities say so."""
+    by_device: dict[tuple[str, str], list[int]] = {}
+    for s in ctx.states:
+        if s.gpu_uuid:
+            by_device.setdefault((s.host, s.gpu_uuid), []).append(s.rank)
+    shared = [sorted(r) for r in by_device.values() if len(r) > 1]
+    if shared:
+        return ("; ".join(f"{fmt_ranks(r)} share one GPU" for r in shared) + " (set each rank's device from "
+                "LOCAL_RANK before its first collective: torch.cuda.set_device(local_rank))")
+    if any(("duplicate gpu" in t.error.lower() or "same gpu" in t.error.lower()) for t in told.values()):
+        return ("the error says two ranks use the same GPU (set the device from LOCAL_RANK before the first "
+                "collective, e.g. torch.cuda.set_device(local_rank))")
+    return ""
 
 
 def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Finding | None:

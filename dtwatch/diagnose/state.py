@@ -111,12 +111,18 @@ class RankState:
     step_times: list[float] = field(default_factory=list)  # recent step marker times
     step_seqs: list[int] = field(default_factory=list)  # the default group's seq at those steps
     setup: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.record.setup_facts)
+    exit_code: int = 0  # the status an exit call gave (sys.exit(n), os._exit(n)); 0 otherwise
 
     # -- derived ---------------------------------------------------------------------------------
     @property
     def gone(self) -> bool:
         """The process is known to have ended."""
         return self.alive is False or self.exit_state in ("exited", "exception", "signal")
+
+    @property
+    def clean_exit(self) -> bool:
+        """Ended with status 0 and no exception: returned, or ``sys.exit(0)``."""
+        return self.exit_state == "exited" and not self.exit_code
 
     def heartbeat_age(self, now: float) -> float:
         return max(0.0, now - self.heartbeat_time)
@@ -130,8 +136,11 @@ class RankState:
         """What the ring itself knows (the diagnosis adds the signal faulthandler recorded, if any)."""
         if self.exit_state == "exception":
             return f"raised {self.exit_reason}"
+        if self.exit_state == "exited" and self.exit_code:
+            return f"exited with status {self.exit_code} ({self.exit_reason})" if self.exit_reason else \
+                f"exited with status {self.exit_code}"
         if self.exit_state == "exited":
-            return "exited normally (returned or called sys.exit)"
+            return "exited normally (no exception, exit status or signal was recorded)"
         if self.exit_state == "detached":
             return "uninstalled dtwatch"
         if self.alive is False:
@@ -279,6 +288,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
         step_times=[float(t) for t in t_enter[is_marker][-STEP_HISTORY:]],
         step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]], setup=snap.facts,
+        exit_code=snap.exit_code if snap.exit_state_name == "exited" else 0,
     )
 
 

@@ -103,6 +103,7 @@ def install(**options: Any) -> bool:
 
         rec.excepthook = excepthook
         sys.excepthook = excepthook
+        _patch_exits(rec)
         atexit.register(rec.on_exit)
         _ACTIVE = rec
         rec.attach()  # no-op until the default process group exists
@@ -222,6 +223,33 @@ def _patch_lifecycle(rec: Recorder) -> None:
             return result
 
         _patch(rec, c10d, "_update_default_pg", _update_default_pg)
+
+
+def _patch_exits(rec: Recorder) -> None:
+    """``sys.exit(n)`` and ``os._exit(n)`` note their status and line before they end the process: a
+    framework's ``sys.exit(1)`` after an error is no normal exit, and ``os._exit`` leaves no other trace."""
+    from dtwatch.record.endings import exit_call_facts
+
+    sys_exit, os_exit = sys.exit, os._exit
+
+    @functools.wraps(sys_exit)
+    def exit_(*args: Any) -> Any:
+        try:
+            rec.on_exit_call(exit_call_facts("sys.exit", args[0] if args else None, sys._getframe(1)))
+        except Exception:  # noqa: BLE001 - the exit goes ahead whatever happens here
+            pass
+        return sys_exit(*args)
+
+    @functools.wraps(os_exit)
+    def os_exit_(status: int) -> Any:
+        try:
+            rec.on_exit_call(exit_call_facts("os._exit", status, sys._getframe(1)))
+        except Exception:  # noqa: BLE001
+            pass
+        return os_exit(status)
+
+    _patch(rec, sys, "exit", exit_)
+    _patch(rec, os, "_exit", os_exit_)
 
 
 def _patch_iteration(rec: Recorder) -> None:

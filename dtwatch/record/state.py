@@ -33,7 +33,7 @@ from dtwatch.config import Config, run_dir
 from dtwatch.record.attaching import DefaultGroupPoll, UnattachedProbe
 from dtwatch.record.callsite import SiteTable
 from dtwatch.record.completion import completion_source, forget_all
-from dtwatch.record.endings import SignalFiles, exception_summary
+from dtwatch.record.endings import SignalFiles, exception_facts, exception_summary, write_exit_facts
 from dtwatch.record.inflight import PendingWork, TrackedGroup, poll_tracked
 from dtwatch.record.sampler import SampledGroup, Sampler
 from dtwatch.ring import (
@@ -111,6 +111,9 @@ class Recorder:
         self.poll: DefaultGroupPoll | None = None  # while no ring exists
         self.stopped = threading.Event()  # set by uninstall()
         self.setup: SetupFacts | None = None  # facts for the setup checks (dtwatch.record.setup_facts)
+        self.rank = -1  # this process's rank in the default group (from attach on)
+        self.pid = os.getpid()  # a forked child (a DataLoader worker) has another: its exits are not ours
+        self.exit_call: dict | None = None  # the latest sys.exit() of this process (its atexit tells it)
 
     # -- failure policy -----------------------------------------------------------------------------
     def fail(self, what: str, exc: BaseException | None = None) -> None:
@@ -172,6 +175,7 @@ class Recorder:
         self.loader_index = {}
         self.records_off, self.capacity = ring.records_off, ring.capacity
         self.ring = ring
+        self.rank, self.pid = rank, os.getpid()
         self.default_pg = pg
         self.register_group(pg)
         # Published last: a wrapper that sees ``mm`` set finds everything else in place (the poll thread
@@ -374,14 +378,41 @@ class Recorder:
             except Exception:  # noqa: BLE001 - the process is ending: nothing to tell
                 pass
         ring = self.ring
-        if ring is not None and EXIT.unpack_from(ring.mm, OFF_EXIT)[0] == EXIT_RUNNING:
+        if ring is None or os.getpid() != self.pid or EXIT.unpack_from(ring.mm, OFF_EXIT)[0] != EXIT_RUNNING:
+            return
+        call = self.exit_call
+        if call is None:
             ring.set_exit(EXIT_CLEAN, 0, "process exited normally")
+            return
+        ring.set_exit(EXIT_CLEAN, call["code"], exit_call_reason(call))
+        write_exit_facts(self.run_dir, self.rank, call)
 
     def on_exception(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         ring = self.ring
-        if ring is None:
+        if ring is None or os.getpid() != self.pid:
             return
         ring.set_exit(EXIT_EXCEPTION, 1, exception_summary(exc_type, exc, tb))
+        write_exit_facts(self.run_dir, self.rank, {"how": "exception", **exception_facts(exc_type, exc, tb)})
+
+    def on_exit_call(self, facts: dict) -> None:
+        """``sys.exit()`` was called (its ``SystemExit`` may still be caught: the atexit handler tells it)
+        or ``os._exit()`` (no atexit handler runs after it: told now)."""
+        if os.getpid() != self.pid:
+            return  # a forked child's exit (a DataLoader worker's os._exit) is not this rank's
+        if facts["how"] == "sys.exit":
+            self.exit_call = facts
+            return
+        ring = self.ring
+        if ring is not None and EXIT.unpack_from(ring.mm, OFF_EXIT)[0] == EXIT_RUNNING:
+            ring.set_exit(EXIT_CLEAN, facts["code"], exit_call_reason(facts))
+            write_exit_facts(self.run_dir, self.rank, facts)
+
+
+def exit_call_reason(facts: dict) -> str:
+    """The ring's exit reason for a ``sys.exit``/``os._exit`` call: ``sys.exit(2) at FILE:LINE``."""
+    where = facts["frames"][0] if facts.get("frames") else None
+    loc = f" at {where['file']}:{where['line']}" if where else ""
+    return f"{facts['how']}({facts.get('argument', facts['code'])}){loc}"[:255]
 
 
 def group_name(pg: Any) -> str:

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from dtwatch import paths
 from dtwatch.paths import ending_files
 
 PTRACE_ADVICE = (
@@ -153,9 +154,15 @@ _FATAL_TEXT = {
 
 
 def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
-    """How a rank's process ended when it could not record it itself: the fatal signal faulthandler
-    reported (SIGABRT from a gloo/NCCL check, SIGSEGV...), or SIGTERM; None when nothing was written
-    since ``since`` (the process's start)."""
+    """How a rank's process ended, from the files it wrote as it ended (none written since ``since``, the
+    process's start, count): the fatal signal faulthandler reported (SIGABRT from a gloo/NCCL check,
+    SIGSEGV...) or SIGTERM (``signal``, ``text``, ``frames``), and the exit file (``exit``: an uncaught
+    exception whole, or the ``sys.exit``/``os._exit`` call; :mod:`dtwatch.record.endings`). None when
+    there is neither."""
+    out: dict = {}
+    facts = _exit_facts(paths.exit_file(run_dir, rank), since)
+    if facts is not None:
+        out["exit"] = facts
     fatal, term = ending_files(run_dir, rank)
     for path, kind in ((fatal, "fatal"), (term, "term")):
         try:
@@ -170,12 +177,23 @@ def process_ending(run_dir: str, rank: int, since: float) -> dict | None:
             continue
         frames = main_thread_frames_of(text)
         if kind == "term":
-            return {"signal": "SIGTERM", "text": text[-4000:], "frames": frames}
-        for words, name in _FATAL_TEXT.items():
-            if f"Fatal Python error: {words}" in text:
-                return {"signal": name, "text": text[-4000:], "frames": frames}
-        return {"signal": "unknown fatal signal", "text": text[-4000:], "frames": frames}
-    return None
+            return {**out, "signal": "SIGTERM", "text": text[-4000:], "frames": frames}
+        name = next((n for words, n in _FATAL_TEXT.items() if f"Fatal Python error: {words}" in text),
+                    "unknown fatal signal")
+        return {**out, "signal": name, "text": text[-4000:], "frames": frames}
+    return out or None
+
+
+def _exit_facts(path: str, since: float) -> dict | None:
+    """The exit file's facts, if written since ``since`` and well formed."""
+    try:
+        if os.path.getmtime(path) < since:
+            return None
+        with open(path) as f:
+            facts = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return facts if isinstance(facts, dict) and isinstance(facts.get("how"), str) else None
 
 
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')

@@ -139,7 +139,7 @@ def encode_states(node: str, states: list[RankState], now: float, *, heartbeats:
               _t(ld.get("time") or 0.0, now), ld.get("step"), sites.ref(ld.get("user_site"))] for ld in s.loaders],
             _t(s.last_activity, now), s.stack_signal, s.device_index, s.gpu_uuid,
             [_t(t, now) for t in s.step_times[-STEP_HISTORY_KEPT:]], s.step_seqs[-STEP_HISTORY_KEPT:],
-            groups, [_call(c, sites, now) for c in s.open_calls], s.setup or None,
+            groups, [_call(c, sites, now) for c in s.open_calls], s.setup or None, s.exit_code,
         ])
     doc = {"format": FORMAT, "node": node, "time": now, "sites": sites.table, "ranks": ranks}
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
@@ -174,7 +174,7 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
             continue
         (rank, local_rank, world_size, host, pid, job_id, start, restarts, backend, alive, proc_state, exit_state,
          exit_reason, exit_time, heartbeat, step, step_time, main_i, top_i, since, stack, loaders, last_activity,
-         stack_signal, device_index, gpu_uuid, step_times, step_seqs, groups, open_calls, setup) = v
+         stack_signal, device_index, gpu_uuid, step_times, step_seqs, groups, open_calls, setup, *more) = v
         gp: dict[str, GroupProgress] = {}
         for name, members, seq, completed, py_seq, cpp_seq, cpp_t, tracked, complete, seq_times, recent in groups:
             key = json.dumps(members)
@@ -199,7 +199,7 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
                      for idx, si, length, epochs, t, lstep, *user in loaders],
             last_activity=_ut(last_activity, base), stack_signal=stack_signal, device_index=device_index,
             gpu_uuid=gpu_uuid, ring_path="", step_times=[_ut(t, base) for t in step_times], step_seqs=list(step_seqs),
-            setup=setup or {},
+            setup=setup or {}, exit_code=int(more[0]) if more else 0,
         ))
     return NodeStates(str(doc["node"]), base, out)
 

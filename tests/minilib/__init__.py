@@ -4,6 +4,7 @@ that issue collectives on the user's behalf, written from scratch."""
 from .accel import Accelerator
 from .callbacks import EarlyStopping
 from .fabric import Fabric
+from .runner import run_job
 from .trainer import Module, Trainer
 
-__all__ = ["Fabric", "Accelerator", "EarlyStopping", "Module", "Trainer"]
+__all__ = ["Fabric", "Accelerator", "EarlyStopping", "Module", "Trainer", "run_job"]

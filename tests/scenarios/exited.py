@@ -10,6 +10,10 @@ sigkill    rank 1 (a pipeline receiver) is killed by SIGKILL, as the OOM killer 
 sys_exit   rank 2 calls sys.exit(2) on a bad config while the others gather objects
 os_exit    rank 0 ends with os._exit(3) while the others wait on an async all_reduce
 segfault   rank 1 dereferences a null pointer (SIGSEGV) in a native call
+worker     rank 1's DataLoader worker raises on a corrupt sample; the others wait in all_reduce
+unused     rank 1's forward skips a layer at one step; DDP raises on its next forward, naming the parameters
+runner     rank 2's task raises under a Hydra-style runner, which prints it and calls sys.exit(1)
+startup    every rank raises in its first collective (an all_gather output list sized wrongly)
 """
 import ctypes
 import os
@@ -129,11 +133,81 @@ def segfault(rank: int) -> None:
             ctypes.string_at(0)  # site:segv_crash
 
 
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, corrupt: int) -> None:
+        self.corrupt = corrupt
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.corrupt:
+            raise ValueError(f"corrupt sample {i + 1258}")  # site:worker_raise
+        return torch.ones(4)
+
+
+def worker(rank: int) -> None:
+    corrupt = 4 * (HANG_STEP - 1) if rank == 1 else -1  # the first sample of batch HANG_STEP
+    loader = torch.utils.data.DataLoader(Samples(corrupt), batch_size=4, num_workers=1)
+    for step, x in enumerate(loader, start=1):  # site:worker_loop
+        if rank == 1 and step == HANG_STEP - 1:
+            mark_onset()
+        dist.all_reduce(x)  # site:worker_step
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, skip: bool) -> torch.Tensor:
+        h = self.a(x)
+        return h.sum(dim=1, keepdim=True) if skip else self.b(h)  # site:unused_skip
+
+
+def unused(rank: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(TwoLayers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, 10):
+        skip = rank == 1 and step == HANG_STEP
+        if skip:
+            mark_onset()
+        loss = model(batch(), skip).pow(2).mean()  # site:unused_forward
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def runner(rank: int) -> None:
+    from minilib import run_job
+
+    def task() -> None:
+        t = torch.ones(2)
+        for step in range(1, 10):
+            dist.all_reduce(t)  # site:runner_step
+            if rank == 2 and step == HANG_STEP:
+                mark_onset()
+                raise ValueError("learning rate must be positive, got -0.1")  # site:runner_raise
+
+    run_job(task)
+
+
+def startup(rank: int) -> None:
+    t = torch.ones(2)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size() // 2)]
+    mark_onset()
+    dist.all_gather(out, t)  # site:startup_gather
+
+
 def main() -> None:
     rank, _ = setup()
     variants = {
         "exception": exception, "ddp_raise": ddp_raise, "keyerror": keyerror, "returned": returned,
         "sigkill": sigkill, "sys_exit": sys_exit, "os_exit": os_exit, "segfault": segfault,
+        "worker": worker, "unused": unused, "runner": runner, "startup": startup,
     }
     variants[VARIANT](rank)
     if VARIANT != "returned":
