@@ -193,6 +193,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              line="obj_call", also=("obj_extra_item",), absent=NOT_OOM, tags=("object",)),
     incident("mismatch_async_shape", MM, "async", kind="mismatch", ranks=(0,), op="all_reduce", line="async_call",
              also=("async_size",), absent=NOT_OOM, tags=("async",)),
+    incident("mismatch_pair_undecided", MM, "pair", kind="mismatch", ranks=(2, 3), op="all_reduce", line="pair_call",
+             present=("is not known",), tags=("subgroup",),
+             note="one rank on each side of a 2-member group, nothing to tell which deviates: both are named"),
+    incident("mismatch_pair_history", MM, "pair_was", kind="mismatch", ranks=(3,), op="all_reduce",
+             line="pairwas_call", also=("pairwas_choice",), tags=("subgroup",),
+             note="one rank on each side, but both called the line with float32 before: rank 3 deviates"),
     # -- alive but wedged -----------------------------------------------------------------------------
     incident("wedged_sigstop", UR, "sigstop", kind="unresponsive", ranks=(1,), op=None, line="stop",
              also=("stop_call",), tags=("python",)),

@@ -7,6 +7,9 @@ shape     rank 1 reduces a 4-element tensor where the others reduce 8 (gloo abor
 dtype     in the subgroup [1, 2, 3], rank 3 reduces float64 where the others reduce float32
 object    rank 2 broadcasts a 3-object list where the others expect 2 (broadcast_object_list)
 async     rank 0 starts an async all_reduce of another shape than its peers, then waits
+pair      in the subgroup [2, 3], one all_reduce whose dtype comes from each rank's data shard: rank 3's is
+          float64, rank 2's float32, and nothing tells which is wrong
+pair_was  in the subgroup [2, 3], rank 3 switches its all_reduce to float64 after two float32 steps
 """
 import sys
 
@@ -65,9 +68,32 @@ def async_shape(rank: int) -> None:
         work.wait()  # site:async_wait
 
 
+def pair(rank: int) -> None:
+    sub = dist.new_group([2, 3])
+    shard = list(range(10))[rank::4]  # ranks 2 and 3 hold 2 samples each, but rank 3's are odd numbers
+    dist.barrier()
+    mark_onset()
+    if rank in (2, 3):
+        dt = torch.float64 if shard[0] % 2 else torch.float32  # site:pair_choice
+        dist.all_reduce(torch.ones(8, dtype=dt), group=sub)  # site:pair_call
+    dist.barrier()
+
+
+def pair_was(rank: int) -> None:
+    sub = dist.new_group([2, 3])
+    for step in range(1, 10):
+        dt = torch.float64 if rank == 3 and step >= HANG_STEP else torch.float32  # site:pairwas_choice
+        if step == HANG_STEP:
+            mark_onset()
+        if rank in (2, 3):
+            dist.all_reduce(torch.ones(8, dtype=dt), group=sub)  # site:pairwas_call
+        dist.barrier()
+
+
 def main() -> None:
     rank, _ = setup()
-    {"op": op_mismatch, "shape": shape, "dtype": dtype, "object": objects, "async": async_shape}[VARIANT](rank)
+    {"op": op_mismatch, "shape": shape, "dtype": dtype, "object": objects, "async": async_shape, "pair": pair,
+     "pair_was": pair_was}[VARIANT](rank)
     finish()
 
 
