@@ -80,22 +80,32 @@ def diagnose(states: list[RankState], now: float, window: float, evidence: Evide
     settle_completed(states, check.positions)
     exits = _exit_findings(states, now, ev)
     if exits:
-        return Diagnosis(True, exits, check, now, ended=True)
+        return Diagnosis(True, _mark_ended(exits, states), check, now, ended=True)
     if assume_stalled and check.blocked and not check.stalled:
         check = StallCheck(True, check.last_progress, check.blocked, check.positions)
     if not check.stalled:
         return Diagnosis(False, [], check, now)
-    return Diagnosis(True, _classify(states, check, now, ev), check, now)
+    return Diagnosis(True, _mark_ended(_classify(states, check, now, ev), states), check, now)
+
+
+def _mark_ended(findings: list[Finding], states: list[RankState]) -> list[Finding]:
+    """A finding whose culprits have all ended says so (``culprits_ended``): a headline must not place them
+    inside a call."""
+    gone = {s.rank for s in states if s.gone}
+    for f in findings:
+        if f.ranks and set(f.ranks) <= gone:
+            f.details["culprits_ended"] = True
+    return findings
 
 
 def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence | None = None) -> list[Finding]:
     """Explain a stall that ``check`` found."""
-    return _classify(states, check, now, evidence or FileEvidence())
+    return _mark_ended(_classify(states, check, now, evidence or FileEvidence()), states)
 
 
 def exit_findings(states: list[RankState], now: float, evidence: Evidence | None = None) -> list[Finding]:
     """Ranks that ended while others still need them (no window)."""
-    return _exit_findings(states, now, evidence or FileEvidence())
+    return _mark_ended(_exit_findings(states, now, evidence or FileEvidence()), states)
 
 
 def diagnose_fixture(fixture: object) -> list[Finding]:

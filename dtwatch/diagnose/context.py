@@ -12,6 +12,7 @@ from dtwatch.diagnose.exits import Told, tell
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
 from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import Finding, Position
+from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
 from dtwatch.record.callsite import is_user_file
@@ -266,9 +267,14 @@ class Context:
                 f"of the job's {sample.ranks:,} ranks are inside a collective)")
 
     def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
-        """Finding fields and a phrase for the ranks that wait on the culprits."""
-        ranks = sorted(set(ranks))
+        """Finding fields and a phrase for the ranks that wait on the culprits (a rank that ended waits for
+        nothing: it is left out)."""
+        ranks = sorted(r for r in set(ranks) if r not in self.by_rank or not self.by_rank[r].gone)
         calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
+        if not calls:  # no Python-issued call: one issued from C++ (DDP) that a member has not issued yet
+            blocked = [(r, cpp_blocked_call(self.by_rank[r], self.by_rank)) for r in ranks
+                       if r in self.by_rank and not self.by_rank[r].gone]
+            calls = [Position(r, "blocked", c, None) for r, c in blocked if c is not None]
         first = min(calls, key=lambda p: p.issued.t_enter) if calls else None
         site = self.user_site(first.rank, first.call) if first else None
         fields = dict(

@@ -81,6 +81,8 @@ def _lead(f: Finding) -> str:
         return {"short": "did not issue", "more": "made"}.get(str(details.get("culprit_side")), "at")
     if details.get("program_order") or details.get("diverged_at"):
         return "made"  # an earlier call that completed, paired with a different one
+    if details.get("culprits_ended"):
+        return "last seen in"  # its process ended: in no call now
     return "in"
 
 
