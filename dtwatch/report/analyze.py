@@ -7,23 +7,41 @@ warnings they issued while the job ran). Per rank the bundle state wins over a r
 and warnings recorded by a watchdog are reported as they were; without findings, the ranks are
 diagnosed here as they were when their rings were last written (a process that died without a clean
 exit is taken where it stopped).
+
+A damaged input (a ring or bundle file cut short, garbled, of another format) is named with what is wrong
+(an :class:`~dtwatch.ring.reader.InputProblem`, reported as a ``damaged_input`` warning), and the rest is
+read: the ranks it held that no other file holds are listed as unreadable, and the diagnosis, made from the
+ranks that could be read, is reported as such (no "No stall." as if every rank had been seen).
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import socket
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtwatch.diagnose import FileEvidence, Finding, diagnose, entry_lags, straggler_warning, uneven_loader_warnings
+from dtwatch.diagnose import (
+    FileEvidence,
+    Finding,
+    diagnose,
+    entry_lags,
+    fmt_ranks,
+    straggler_warning,
+    uneven_loader_warnings,
+)
 from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
-from dtwatch.report.bundle import bundle_findings
+from dtwatch.report.bundle import read_bundle
 from dtwatch.report.events import warnings_in
-from dtwatch.ring import RingFormatError, read_ring
+from dtwatch.report.text import DAMAGED_INPUT
+from dtwatch.ring import RankSnapshot
+from dtwatch.ring.reader import InputProblem, try_read_ring
 from dtwatch.watchdog.stacks import process_ending
+
+INCONSISTENT = "inconsistent"  # a ring whose world size the other rings of its job and restart contradict
 
 
 @dataclass
@@ -36,6 +54,8 @@ class Analysis:
     bundles: list[str] = field(default_factory=list)
     verdict: str | None = None  # "crash" / "stall" as the watchdog called the incident; None: no incident recorded
     live_warnings: int = 0  # how many of ``warnings`` (the first ones) a watchdog issued while the job ran
+    problems: list[InputProblem] = field(default_factory=list)  # the damaged inputs (also among ``warnings``)
+    unreadable: list[int] = field(default_factory=list)  # ranks a damaged input held that no other input holds
 
     @property
     def stalled(self) -> bool:
@@ -51,6 +71,8 @@ class Analysis:
             "ranks": [rank_summary(s, self.now) for s in self.states],
             "bundles": self.bundles,
             "sources": self.sources,
+            "damaged_inputs": [p.to_dict() for p in self.problems],
+            "unreadable_ranks": self.unreadable,
         }
 
 
@@ -95,34 +117,41 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     states: dict[int, RankState] = {}
     findings: dict[tuple, Finding] = {}
     verdicts: set[str] = set()
+    problems: list[InputProblem] = []
     now = 0.0
     for b in bundle_dirs:
-        index = json.loads((b / BUNDLE_INDEX).read_text())
+        bundle = read_bundle(b)
+        problems.extend(bundle.problems)
+        index = bundle.index
         now = max(now, float(index.get("detected", 0)))
         if index.get("verdict"):
             verdicts.add(str(index["verdict"]))
-        for f in bundle_findings(b):
-            fd = Finding.from_dict(f)
+        for fd in bundle.findings:
             findings.setdefault(fd.key(), fd)
-        for rf in sorted((b / "ranks").glob("rank-*.json")):
-            s = RankState.from_dict(json.loads(rf.read_text()))
+        for s in bundle.states:
             # The node that owns a rank knows its liveness; prefer that node's copy.
             if s.rank not in states or (s.host == index.get("node") and s.alive is not None):
                 states[s.rank] = s
     host = socket.gethostname()
-    ring_states: dict[int, RankState] = {}
+    snaps: list[RankSnapshot] = []
     for path in ring_paths:
-        try:
-            snap = read_ring(path)
-        except (OSError, RingFormatError):
-            continue
-        s = from_snapshot(snap, local=(snap.host == host and "rings" not in path.parts))
+        snap, problem = try_read_ring(path)
+        if problem is not None:
+            problems.append(problem)
+        if snap is not None:
+            snaps.append(snap)
+    snaps, contradicted = inconsistent_rings(snaps)
+    problems.extend(contradicted)
+    ring_states: dict[int, RankState] = {}
+    for snap in snaps:
+        s = from_snapshot(snap, local=(snap.host == host and "rings" not in Path(snap.path).parts))
         prev = ring_states.get(s.rank)
         if prev is None or s.start_time > prev.start_time:  # the newest process of a restarted rank
             ring_states[s.rank] = s
     for rank, s in ring_states.items():
         states.setdefault(rank, s)
     ordered = sorted(states.values(), key=lambda s: s.rank)
+    unreadable = sorted({r for p in problems if not p.read for r in p.ranks} - set(states))
     if not now:
         now = max([s.heartbeat_time for s in ordered] + [s.last_activity for s in ordered], default=0.0)
     result_findings = list(findings.values())
@@ -135,6 +164,7 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
 
         result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending), heartbeat_stale=float("inf"),
                                    assume_stalled=window == 0.0).findings
+    result_findings = [_unreadable_noted(f, unreadable) for f in result_findings]
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}
     computed = uneven_loader_warnings(ordered, now) + setup_warnings(ordered, now)
@@ -144,8 +174,44 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     checked = {f.details.get("check") for f in live if f.details.get("check")}  # setup checks: once per run
     warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued
                        and (not f.details.get("check") or f.details["check"] not in checked)]
+    warnings += [damage_warning(p, unreadable, now) for p in problems]  # last: the live ones stay first
     verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
     return Analysis(
         result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
-        verdict=verdict, live_warnings=len(live),
+        verdict=verdict, live_warnings=len(live), problems=problems, unreadable=unreadable,
     )
+
+
+def inconsistent_rings(snaps: list[RankSnapshot]) -> tuple[list[RankSnapshot], list[InputProblem]]:
+    """Rings of one job and restart must agree on its world size: one most of them contradict has a garbled
+    header (its ranks would be taken for never seen). Returns the rings that agree, and the others named."""
+    sizes: dict[tuple[str, int], Counter] = {}
+    for s in snaps:
+        sizes.setdefault((s.job_id, s.restart_count), Counter())[s.world_size] += 1
+    kept, bad = [], []
+    for s in snaps:
+        (size, n), *rest = sizes[(s.job_id, s.restart_count)].most_common()
+        if s.world_size != size and n > sum(c for _, c in rest):
+            bad.append(InputProblem(s.path, INCONSISTENT, f"its header says world size {s.world_size}, {n} other "
+                                    f"ring(s) of job {s.job_id} say {size}", (s.rank,)))
+        else:
+            kept.append(s)
+    return kept, bad
+
+
+def damage_warning(p: InputProblem, unreadable: list[int], now: float) -> Finding:
+    """One damaged input as a warning: the file, what is wrong, what it cost (``ranks``: those no input holds)."""
+    lost = [r for r in p.ranks if r in unreadable]
+    cost = ""
+    if not p.read and p.ranks:
+        cost = (f", and no other file holds {fmt_ranks(lost)}" if lost == list(p.ranks)
+                else f" ({fmt_ranks(set(p.ranks) - set(lost))} read from another file"
+                     + (f"; {fmt_ranks(lost)} from none)" if lost else ")"))
+    return Finding(DAMAGED_INPUT, "warning", lost, p.line() + cost, detected=now, details=p.to_dict())
+
+
+def _unreadable_noted(f: Finding, unreadable: list[int]) -> Finding:
+    """A finding that says some ranks were never seen: those that were, but could not be read, noted."""
+    unseen = set(f.details.get("unseen_ranks") or []) if isinstance(f.details, dict) else set()
+    damaged = sorted(unseen & set(unreadable))
+    return dataclasses.replace(f, details={**f.details, "unreadable_ranks": damaged}) if damaged else f

@@ -3,20 +3,33 @@ from __future__ import annotations
 
 import time
 
-from dtwatch.diagnose import Finding, fmt_site, with_source
+from dtwatch.diagnose import Finding, fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.text import verb
+
+DAMAGED_INPUT = "damaged_input"
+"""The kind of a warning naming a damaged input file (see :mod:`dtwatch.report.analyze`); its ``ranks`` are those
+it held that no other input holds. These warnings get their own section, first, and qualify the diagnosis."""
 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
                 warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0) -> str:
     """``verdict``: what the incident was called ("crash" / "stall"; default stall); ``live_warnings``: how many
-    of ``warnings`` (the first ones) the watchdog issued while the job ran."""
+    of ``warnings`` (the first ones) the watchdog issued while the job ran; ``damaged_input`` warnings come last."""
     out: list[str] = []
     stalls = [f for f in findings if f.severity == "stall"]
-    warns = [f for f in findings if f.severity != "stall"] + list(warnings or [])
+    damaged = [f for f in warnings or [] if f.kind == DAMAGED_INPUT]
+    warnings = [f for f in warnings or [] if f.kind != DAMAGED_INPUT]
+    unread = sorted({r for f in damaged for r in f.ranks} - {s.rank for s in states})
+    warns = [f for f in findings if f.severity != "stall"] + warnings
     job = states[0].job_id if states else "?"
-    out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen")
+    out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen"
+               + (f", {fmt_ranks(unread)} could not be read" if unread else ""))
     out.append("")
+    if damaged:
+        out.append("DAMAGED INPUT")
+        out.extend(f"  {f.summary}" for f in damaged)
+        out.append("")
     if stalls:
         out.append((verdict or "stall").upper())
         for f in stalls:
@@ -30,12 +43,24 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
                 out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
             if f.onset:
                 out.append(f"      no progress since {now - f.onset:.1f}s before detection")
+            if (f.details or {}).get("unreadable_ranks"):
+                lost = f.details["unreadable_ranks"]
+                out.append(f"      {fmt_ranks(lost)} did write {verb(lost, 'a ring', 'rings')}, which could not be "
+                           "read (see DAMAGED INPUT)")
+        if unread:
+            out.append(f"  (the diagnosis is of the ranks read: {fmt_ranks(unread)} could not be read)")
+    elif unread and not states:
+        out.append(f"Nothing to diagnose: {fmt_ranks(unread)} could not be read, and no other rank was found.")
+    elif unread:
+        out.append(f"No stall among the ranks read; {fmt_ranks(unread)} could not be read, so whether "
+                   f"{verb(unread, 'it', 'they')} stalled, or others wait for {verb(unread, 'it', 'them')}, is "
+                   "not known.")
     else:
         out.append("No stall.")
     if warns:
         out.append("")
         out.append("WARNINGS")
-        first_live = len(warns) - len(list(warnings or []))  # findings' own warnings come first
+        first_live = len(warns) - len(warnings)  # findings' own warnings come first
         for i, f in enumerate(warns):
             live = first_live <= i < first_live + live_warnings
             when = f" (issued by the watchdog at {time.strftime('%H:%M:%S', time.localtime(f.detected))})" \
@@ -43,6 +68,8 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
             out.append(f"  [{f.kind}] {f.summary}{when}")
     out.append("")
     out.append("RANKS")
+    if unread:
+        out.append(f"  {fmt_ranks(unread)}: could not be read (see DAMAGED INPUT)")
     for s in sorted(states, key=lambda s: s.rank):
         status = "running" if not s.gone else s.how_it_ended()
         if s.alive and s.heartbeat_age(now) > 5:
