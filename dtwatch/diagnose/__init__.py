@@ -89,12 +89,14 @@ def diagnose(states: list[RankState], now: float, window: float, evidence: Evide
 
 
 def _mark_ended(findings: list[Finding], states: list[RankState]) -> list[Finding]:
-    """A finding whose culprits have all ended says so (``culprits_ended``): a headline must not place them
-    inside a call."""
+    """A finding whose culprits (or waiting ranks) have all ended says so (``culprits_ended``,
+    ``waiters_ended``): a headline must not place them inside a call now."""
     gone = {s.rank for s in states if s.gone}
     for f in findings:
         if f.ranks and set(f.ranks) <= gone:
             f.details["culprits_ended"] = True
+        if f.waiting_ranks and set(f.waiting_ranks) <= gone:
+            f.details["waiters_ended"] = True  # they waited, then ended (failed on the lost peer)
     return findings
 
 

@@ -267,9 +267,12 @@ class Context:
                 f"of the job's {sample.ranks:,} ranks are inside a collective)")
 
     def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
-        """Finding fields and a phrase for the ranks that wait on the culprits (a rank that ended waits for
-        nothing: it is left out)."""
-        ranks = sorted(r for r in set(ranks) if r not in self.by_rank or not self.by_rank[r].gone)
+        """Finding fields and a phrase for the ranks that wait on the culprits. A rank that ended waits for
+        nothing: the ranks still running are named; when none is, the ones that ended, in the past tense."""
+        ranks = sorted(set(ranks))
+        running = [r for r in ranks if r not in self.by_rank or not self.by_rank[r].gone]
+        ended = bool(ranks) and not running
+        ranks = running or ranks
         calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
         if not calls:  # no Python-issued call: one issued from C++ (DDP) that a member has not issued yet
             blocked = [(r, cpp_blocked_call(self.by_rank[r], self.by_rank)) for r in ranks
@@ -285,20 +288,20 @@ class Context:
         if not ranks:
             return fields, ""
         names = self.others(ranks)
+        waits = "waited" if ended else verb(ranks, "waits", "wait")
         if first is None:
-            return fields, f"{names} {verb(ranks, 'waits', 'wait')} for it"
+            return fields, f"{names} {waits} for it"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
         returned = first.issued.is_async and first.issued.in_flight  # NCCL's model: the rank waits elsewhere
-        text = f"{names} {verb(ranks, 'waits', 'wait')} in {describe(first.call)} at {self.fmt(site)}"
+        text = f"{names} {waits} in {describe(first.call)} at {self.fmt(site)}"
         if returned:
-            text = (f"{names} {verb(ranks, 'waits', 'wait')} for {describe(first.call)}, issued at "
-                    f"{self.fmt(site)}")
+            text = f"{names} {waits} for {describe(first.call)}, issued at {self.fmt(site)}"
             waits_at = self.by_rank[first.rank].main_site
             if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.issued.user_site_key:
                 text += f", at {self.fmt(waits_at)}"
         if len(where) > 1:
-            text = f"{names} wait, the first in {describe(first.call)} at {self.fmt(site)}"
+            text = f"{names} {'waited' if ended else 'wait'}, the first in {describe(first.call)} at {self.fmt(site)}"
         return fields, text
 
     def ending(self, rank: int) -> dict | None:

@@ -98,7 +98,8 @@ def render_notice(verdict_: str, findings: list[Finding], *, bundle: str, run_di
             first += f", under the rank test at {_site(branch)}"
         lines = [first]
         if f.waiting_ranks:
-            verb = "waits" if len(set(f.waiting_ranks)) == 1 else "wait"
+            verb = "waited" if (f.details or {}).get("waiters_ended") else \
+                "waits" if len(set(f.waiting_ranks)) == 1 else "wait"
             lines.append(f"  {fmt_ranks(f.waiting_ranks)} {verb} "
                          f"{_where(f.waiting_op, f.waiting_group, f.waiting_seq, f.waiting_site)}")
         lines.append(f"  diagnosis: {f.summary}")
