@@ -13,7 +13,8 @@ JSON and its text; a few through the CLI), and checks:
   are counted, not failed;
 * every rank is read or listed as unreadable: none is silently lost.
 
-The seed is fixed and the inputs bounded (a few hundred, a few seconds). ``pytest -s`` prints the figures.
+The seed and the clock are fixed and the inputs bounded (a few hundred, a few seconds), so the figures ``pytest -s``
+prints are the same on every run.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -46,6 +48,7 @@ ODD = 2  # the rank in the all_reduce
 HOST = "fuzz-node"
 JOB = "fuzz-job"
 CAPACITY = 32  # records per ring: 41 are written, so each ring has wrapped
+NOW = 1_800_000_000.0  # the inputs' clock (and the writers' pids) are fixed: the same bytes on every run
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -53,6 +56,12 @@ CAPACITY = 32  # records per ring: 41 are written, so each ring has wrapped
 # ---------------------------------------------------------------------------------------------------
 def write_ring(run_dir: Path, rank: int, now: float, *, hung: bool = True) -> None:
     """Rank ``rank``'s ring: 20 steps of an all_reduce, then (``hung``) the hang, else a clean exit."""
+    with mock.patch("dtwatch.ring.writer.time.time", return_value=now - 90.0), \
+            mock.patch("dtwatch.ring.writer.os.getpid", return_value=4000 + rank):
+        _write_ring(run_dir, rank, now, hung)
+
+
+def _write_ring(run_dir: Path, rank: int, now: float, hung: bool) -> None:
     w = RingWriter(run_dir / ring_filename(rank), rank=rank, local_rank=rank, world_size=WORLD, job_id=JOB,
                    host=HOST, backend="gloo", capacity=CAPACITY, groups=4, sites=8, loaders=2, members=64)
     step_site = w.add_site("/srv/fuzz/train.py", 20, "train_step")
@@ -94,7 +103,7 @@ def write_ring(run_dir: Path, rank: int, now: float, *, hung: bool = True) -> No
 def pristine(tmp_path_factory):
     """(run dir of 4 rings, bundle-only dir, the bundle's path, the rings' bytes by rank)."""
     root = tmp_path_factory.mktemp("fuzz")
-    now = time.time()
+    now = NOW
     run_dir = root / "run" / JOB
     run_dir.mkdir(parents=True)
     for rank in range(WORLD):
@@ -104,12 +113,15 @@ def pristine(tmp_path_factory):
     # A bundle alone (no rings): its rank files are the only copy of each rank.
     bundle_root = root / "bundle-only"
     bundle = Bundle(str(bundle_root), "inc-r0-g0-s21-desync", HOST)
+    clock = mock.patch("dtwatch.report.bundle.time.time", return_value=NOW)
+    clock.start()
     bundle.write_findings(result.findings, result.states, {"job_id": JOB, "detected": now, "verdict": "stall",
                                                            "world_size": WORLD, "local_ranks": list(range(WORLD))})
     findings = [f.to_dict() for f in result.findings]
     bundle.add_json("evidence.json", {"incident_id": bundle.id, "refined": False, "complete": True,
                                       "collected": now, "files": [], "findings": findings})
     bundle.write_index(result.findings, complete=True)
+    clock.stop()
     rings = {rank: (run_dir / ring_filename(rank)).read_bytes() for rank in range(WORLD)}
     return run_dir, bundle_root, bundle.path, rings
 
