@@ -47,7 +47,7 @@ GROUP_FIELDS = [
 SITE_FIELDS = [("line", 0, 4), ("function", 4, 60), ("file", 64, 192)]
 LOADER_FIELDS = [
     ("site", 0, 4), ("user_site", 4, 4), ("length", 8, 8), ("epochs", 16, 8), ("time", 24, 8), ("step", 32, 8),
-    ("_reserved", 40, 24),
+    ("ident", 40, 4), ("made_site", 44, 4), ("seq_start", 48, 8), ("ended", 56, 4), ("colls", 60, 4),
 ]
 SEQ_CLOCK_FIELDS = [("t", 0, 8), ("seq", 8, 8), ("group", 16, 2), ("_pad", 18, 6)]
 FACTS_HEAD_FIELDS = [("length", 0, 4), ("crc32", 4, 4)]  # at FACTS_OFFSET, then the JSON document

@@ -379,7 +379,7 @@ CHECKS: tuple[SetupCheck, ...] = (
         "whenever the data does not divide evenly",
         "drop_last of the DataLoader and of its distributed sampler at each epoch start",
         _LOADER_COST, _WRITE_COST, _WATCHDOG_COST, "none",
-        "loaders are matched across ranks by their loop's line", drop_last_differs),
+        "loaders are matched across ranks by where they were made and their loop's line", drop_last_differs),
     SetupCheck(
         "config_divergence", Kind.CONFIG_DIVERGENCE.value,
         "ranks disagree on world-level facts they should share: torch version, and for each DDP/FSDP/fully_shard "

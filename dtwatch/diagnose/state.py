@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dtwatch.ring import DTYPES, FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, OPS, RankSnapshot, Site
+from dtwatch.ring.layout import NO_SEQ
 
 RECENT_PER_GROUP = 64  # recent calls kept per group, for cross-rank comparison and straggler lag
 STEP_HISTORY = 64  # recent step markers kept (timeline, step rate)
@@ -279,17 +280,33 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
         open_calls=calls_at(open_idx), main_site=_site(snap.main_site),
         main_top_site=_site(snap.main_top_site), main_site_since=snap.main_site_since,
         main_stack=[s.to_dict() for s in snap.main_stack],
-        loaders=[
-            {"index": ld.index, "site": _site(ld.site), "length": ld.length, "epochs": ld.epochs,
-             "time": ld.time, "step": ld.step, "user_site": _site(ld.user_site)}
-            for ld in snap.loaders
-        ],
+        loaders=_loaders(snap, t_enter[call_idx], groups[groups_info[0].name].seq if groups_info else 0),
         last_activity=last_activity, stack_signal=snap.stack_signal, device_index=snap.device_index,
         gpu_uuid=snap.gpu_uuid, ring_path=snap.path,
         step_times=[float(t) for t in t_enter[is_marker][-STEP_HISTORY:]],
         step_seqs=[int(q) for q in recs["seq"][is_marker][-STEP_HISTORY:]], setup=snap.facts,
         exit_code=snap.exit_code if snap.exit_state_name == "exited" else 0,
     )
+
+
+def _loaders(snap: RankSnapshot, call_times: np.ndarray, default_seq: int) -> list[dict]:
+    """The ring's loader table. Where it tells loaders apart (``ident``): where each was made, the latest
+    epoch whose loop ended and the collectives the rank issued while it ran (``ended``, ``colls``), and for
+    a latest epoch still running those seen since it started (``issued_now``: calls recorded from Python
+    since then, or the default group's sequence number past where it stood, C++-issued calls included)."""
+    out = []
+    for ld in snap.loaders:
+        d = {"index": ld.index, "site": _site(ld.site), "length": ld.length, "epochs": ld.epochs,
+             "time": ld.time, "step": ld.step, "user_site": _site(ld.user_site)}
+        if ld.ident:
+            d.update(ident=ld.ident, made_site=_site(ld.made_site), ended=ld.ended, colls=ld.colls)
+            if ld.ended < ld.epochs:
+                since = int(np.count_nonzero(call_times >= ld.time))
+                if ld.seq_start != NO_SEQ:
+                    since = max(since, default_seq - ld.seq_start)
+                d["issued_now"] = since
+        out.append(d)
+    return out
 
 
 SEQ_TIMES_KEPT = 256

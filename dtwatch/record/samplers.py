@@ -1,5 +1,6 @@
 """What a DataLoader says about how its data is split across ranks: read from its attributes, at the
-start of an epoch (never per batch), for the setup checks (:mod:`dtwatch.diagnose.setup`).
+start of an epoch (never per batch), for the setup checks (:mod:`dtwatch.diagnose.setup`); and which
+loader it is, the same on every rank (:class:`LoaderMakes`), for the uneven-loader warning.
 
 A sampler is *distributed* when it (or the batch sampler around it) carries its rank and the number
 of replicas (``DistributedSampler`` and its subclasses, Lightning's wrapper: ``num_replicas``/``rank``;
@@ -9,6 +10,13 @@ a custom sampler) is unknown: the batch fingerprints decide.
 """
 from __future__ import annotations
 
+import functools
+import os
+import threading
+import weakref
+import zlib
+from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -20,6 +28,8 @@ from torch.utils.data import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+
+from dtwatch.record.callsite import USER, classify_file
 
 _DIST_ATTRS = (("num_replicas", "rank"), ("num_processes", "process_index"))
 _SINGLE_PROCESS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
@@ -109,3 +119,136 @@ def training_now(models: list[torch.nn.Module]) -> bool:
     if not torch.is_grad_enabled():
         return False
     return all(getattr(m, "training", True) for m in models)
+
+
+# ---------------------------------------------------------------------------------------------------
+# which loader it is, across ranks
+# ---------------------------------------------------------------------------------------------------
+MADE_FRAMES = 3  # the user's frames at a DataLoader's construction that name it: its line and two callers
+Frame = tuple[str, int, str]  # (file, line, function) of a user frame
+
+
+@dataclass(frozen=True)
+class Made:
+    """Where a DataLoader was made: the user's frames, innermost first, and its identity across ranks."""
+
+    chain: tuple[Frame, ...]
+    ident: int  # never 0 (0 in a ring: written before loaders were told apart)
+
+
+class LoaderMakes:
+    """Which DataLoader is which, the same on every rank: noted once per loader, when it is made
+    (``DataLoader.__init__``), and kept weakly (loader -> :class:`Made`).
+
+    Within a process the loader object is known; across ranks its identity is where it was made - the
+    user's line that made it and the two user frames above (a ``make_loader(ds)`` helper makes the
+    training and the evaluation loader at one line; its callers' lines tell them apart) - its dataset's
+    place among those given to loaders made there (loaders made in a loop over datasets; a loader made
+    again each epoch over the same dataset keeps its place), and the type names of its dataset and
+    samplers. Nothing in it is a per-rank value (a length, an object id), so the same loader has the same
+    identity on every rank."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[weakref.ref, Made]] = {}  # id(loader) -> (weak loader, Made)
+        self._datasets: dict[tuple, list[weakref.ref]] = {}  # where -> the datasets of loaders made there
+        self._chains: dict[Frame, set[tuple[Frame, ...]]] = {}  # innermost frame -> chains made there
+        self._kinds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def note(self, loader: Any, frame: FrameType | None) -> None:
+        """``loader`` was just made by the code in ``frame`` (a few us, once per loader)."""
+        chain: list[Frame] = []
+        while frame is not None and len(chain) < MADE_FRAMES:
+            code = frame.f_code
+            kind = self._kinds.get(code.co_filename)
+            if kind is None:
+                kind = self._kinds[code.co_filename] = classify_file(code.co_filename)
+            if kind == USER:
+                chain.append((code.co_filename, frame.f_lineno or 0, getattr(code, "co_qualname", code.co_name)))
+            frame = frame.f_back
+        # By file name, line and function: the same on every rank even where checkouts lie in other directories.
+        where = tuple((os.path.basename(f), line, fn) for f, line, fn in chain)
+        with self._lock:
+            place = self._place(where, getattr(loader, "dataset", None))
+            if chain:
+                self._chains.setdefault(chain[0], set()).add(tuple(chain))
+        key = id(loader)
+        self._made[key] = (weakref.ref(loader, functools.partial(self._forget, key)),
+                           Made(tuple(chain), _ident(where, place, loader)))
+
+    def made(self, loader: Any) -> Made:
+        entry = self._made.get(id(loader))
+        if entry is not None and entry[0]() is loader:
+            return entry[1]
+        return Made((), _ident((), 0, loader))  # made before dtwatch was installed (or copied): its types only
+
+    def shown_frame(self, made: Made) -> Frame | None:
+        """The line that names ``made`` to the user: where it was made, or, where other loaders were made at
+        that line too (a helper), the first caller that tells it apart from them."""
+        if not made.chain:
+            return None
+        with self._lock:
+            others = [c for c in self._chains.get(made.chain[0], ()) if c != made.chain]
+        for depth, frame in enumerate(made.chain):
+            if all(len(c) <= depth or c[depth] != frame for c in others):
+                return frame
+        return made.chain[0]
+
+    def _place(self, where: tuple, dataset: Any) -> int:
+        """``dataset``'s place among the datasets of the loaders made at ``where`` (in the order they came;
+        a place whose dataset is gone is taken again)."""
+        refs = self._datasets.setdefault(where, [])
+        free = -1
+        for i, ref in enumerate(refs):
+            known = ref()
+            if known is dataset:
+                return i
+            if known is None and free < 0:
+                free = i
+        try:
+            ref = weakref.ref(dataset)
+        except TypeError:  # a list, a tuple: it cannot be told from the others made here
+            return 0
+        if free >= 0:
+            refs[free] = ref
+            return free
+        refs.append(ref)
+        return len(refs) - 1
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        entry = self._made.get(key)
+        if entry is not None and entry[0] is ref:
+            self._made.pop(key, None)
+
+
+def _type_name(obj: Any) -> str:
+    return "-" if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _ident(where: tuple, place: int, loader: Any) -> int:
+    parts = [f"{f}:{line}:{fn}" for f, line, fn in where] + [str(place)] + [
+        _type_name(getattr(loader, name, None)) for name in ("dataset", "sampler", "batch_sampler")]
+    return zlib.crc32("|".join(parts).encode()) or 1
+
+
+@dataclass
+class LoaderSlot:
+    """One entry of the ring's loader table, as the recorder keeps it (per loader and loop line)."""
+
+    slot: int
+    epochs: int = 0
+    ended: int = 0  # the latest epoch whose loop ended
+    shown: Frame | None = None  # the frame shown as where it was made, and its site id
+    made_site: int = 0
+
+
+@dataclass
+class LoaderRun:
+    """One epoch of a loader, from its start (``clock``: where the rank's collectives stood) to the end of
+    its loop: the iterator ran out (``StopIteration``) or the loop let go of it (``break``)."""
+
+    ring: Any
+    entry: LoaderSlot
+    epoch: int
+    clock: tuple[int, dict[int, int], int]
+    ref: weakref.ref | None = field(default=None)

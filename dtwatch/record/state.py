@@ -12,6 +12,7 @@ recorder only as a :class:`~dtwatch.record.sampler.SamplerHost`.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import mmap
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -31,11 +33,12 @@ from torch.utils.hooks import RemovableHandle
 
 from dtwatch.config import Config, run_dir
 from dtwatch.record.attaching import DefaultGroupPoll, UnattachedProbe
-from dtwatch.record.callsite import SiteTable
+from dtwatch.record.callsite import SiteTable, site_file
 from dtwatch.record.completion import completion_source, forget_all
 from dtwatch.record.endings import SignalFiles, exception_facts, exception_summary, write_exit_facts
 from dtwatch.record.inflight import PendingWork, TrackedGroup, poll_tracked
 from dtwatch.record.sampler import SampledGroup, Sampler
+from dtwatch.record.samplers import LoaderMakes, LoaderRun, LoaderSlot
 from dtwatch.ring import (
     EXIT,
     EXIT_CLEAN,
@@ -51,6 +54,7 @@ from dtwatch.ring import (
     RingWriter,
     ring_filename,
 )
+from dtwatch.ring.layout import NO_SEQ
 
 if TYPE_CHECKING:
     from dtwatch.record.setup_facts import SetupFacts
@@ -96,7 +100,11 @@ class Recorder:
         self.pending = PendingWork()  # async work without a future, polled off the training thread
         self.tls = ThreadState()
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
-        self.loader_index: dict[tuple[int, int], tuple[int, int]] = {}  # (site, user site) -> (slot, epochs)
+        # This ring's loader table: (loader identity, loop site, user site) -> its entry (see loader_started).
+        self.loader_index: dict[tuple[int, int, int], LoaderSlot] = {}
+        self.loader_makes = LoaderMakes()  # where each DataLoader was made (DataLoader.__init__)
+        self.loader_runs: dict[int, LoaderRun] = {}  # id(iterator) -> the epoch it iterates, until its loop ends
+        self.loader_pending: LoaderRun | None = None  # started, its iterator not made yet
         self.sampler: Sampler | None = None
         self.signal_files = SignalFiles()
         self.warned = False
@@ -308,8 +316,14 @@ class Recorder:
             self.fail("recording a step", exc)
 
     def loader_started(self, loader: Any) -> int:
-        """Note an epoch of ``loader``; returns its slot in the ring's loader table (-1: none)."""
-        if self.ring is None:
+        """Note an epoch of ``loader``; returns its slot in the ring's loader table (-1: none).
+
+        A slot is one loader (its identity across ranks: :class:`~dtwatch.record.samplers.LoaderMakes`) at
+        one loop: a training and an evaluation loader iterated by one ``_run_epoch(loader)`` are two. Its
+        entry says what the watchdog needs to tell whether the loop issues collectives: the default group's
+        sequence number now, and, when a loop ends, how many collectives the rank issued while it ran."""
+        ring = self.ring
+        if ring is None:
             return -1
         try:
             length = len(loader)
@@ -318,18 +332,86 @@ class Recorder:
         frame = self.sites.code_frame(sys._getframe(2))  # the loop iterating it, a library's included
         site = self.sites.frame_site(frame) if frame is not None else 0
         # A library's loop (Accelerate's DataLoaderShard.__iter__) iterates every loader of the job: the
-        # user's line that led there tells the training loader from the validation one.
+        # user's line that led there is part of where it is iterated.
         user = self.sites.user_frame(frame)
         user_site = self.sites.frame_site(user) if user is not None and user is not frame else 0
         del frame, user
-        slot, epochs = self.loader_index.get((site, user_site), (-1, 0))
-        if slot < 0:
-            slot = self.ring.add_loader(site, user_site)
+        made = self.loader_makes.made(loader)
+        entry = self.loader_index.get((made.ident, site, user_site))
+        if entry is None:
+            slot = ring.add_loader(site, user_site, made.ident)
             if slot < 0:
                 return -1
-        self.loader_index[(site, user_site)] = (slot, epochs + 1)
-        self.ring.set_loader(slot, site, length, epochs + 1, time.time(), self.step, user_site)
-        return slot
+            entry = self.loader_index[(made.ident, site, user_site)] = LoaderSlot(slot)
+        shown = self.loader_makes.shown_frame(made)  # may change as more loaders are made at its line
+        if shown != entry.shown:
+            entry.shown, entry.made_site = shown, ring.add_site(site_file(shown[0]), *shown[1:]) if shown else 0
+        entry.epochs += 1
+        clock = self.loader_clock()
+        ring.set_loader(entry.slot, site, length, entry.epochs, time.time(), self.step, user_site, made.ident,
+                        entry.made_site, clock[0])
+        self.loader_pending = LoaderRun(ring, entry, entry.epochs, clock)
+        return entry.slot
+
+    def loader_iterating(self, iterator: Any) -> None:
+        """The epoch just started iterates ``iterator``: its loop ends when the iterator runs out
+        (:meth:`loader_exhausted`) or the loop lets go of it (``break``; a weak reference's callback)."""
+        run, self.loader_pending = self.loader_pending, None
+        if run is None:
+            return
+        key = id(iterator)
+        try:
+            run.ref = weakref.ref(iterator, functools.partial(self._loader_let_go, key))
+        except TypeError:  # a subclass's own iterator without weak references: its loop's end is not seen
+            return
+        self.loader_runs[key] = run  # persistent workers: the same iterator again, its previous epoch left
+
+    def loader_exhausted(self, iterator: Any) -> None:
+        """``iterator`` raised StopIteration: its epoch's loop ran out of batches. Never raises."""
+        try:
+            run = self.loader_runs.pop(id(iterator), None)
+            if run is not None:
+                self._loader_ended(run)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("noting the end of a DataLoader epoch", exc)
+
+    def _loader_let_go(self, key: int, ref: weakref.ref) -> None:
+        try:
+            run = self.loader_runs.get(key)
+            if run is not None and run.ref is ref and self.loader_runs.pop(key, None) is run:
+                self._loader_ended(run)
+        except Exception as exc:  # noqa: BLE001 - a weak reference's callback: nothing may escape it
+            self.fail("noting the end of a DataLoader epoch", exc)
+
+    def _loader_ended(self, run: LoaderRun) -> None:
+        entry = run.entry
+        if run.ring is not self.ring or run.epoch <= entry.ended:
+            return  # a ring since replaced, or a later epoch of this slot ended first
+        entry.ended = run.epoch
+        _default, seqs, py = self.loader_clock()
+        _default0, seqs0, py0 = run.clock
+        # Collectives issued while the loop ran: torch's sequence numbers of every group (those issued
+        # from C++ included), or the calls recorded from Python (p2p on NCCL, groups without a number).
+        issued = max(sum(max(0, q - seqs0.get(g, 0)) for g, q in seqs.items()), py - py0, 0)
+        run.ring.set_loader_end(entry.slot, run.epoch, issued)
+
+    def loader_clock(self) -> tuple[int, dict[int, int], int]:
+        """Where this rank's collectives stand, read when a DataLoader epoch starts and when its loop ends
+        (never per collective): the default group's sequence number (NO_SEQ: unknown), every group's (a few
+        hundred ns each), and the calls recorded from Python (the ring's stamps less its step markers)."""
+        seqs: dict[int, int] = {}
+        for slot, _pg, seqfn in list(self.group_list):
+            if seqfn is not None:
+                try:
+                    seqs[slot] = int(seqfn())
+                except Exception:  # noqa: BLE001 - a group being destroyed
+                    continue
+        default = seqs.get(self.groups.get(self.default_pg, (NO_GROUP, None, None))[0], NO_SEQ)
+        try:
+            stamps = int(repr(self.stamps)[6:-1])  # itertools.count's repr, "count(N)": read without taking one
+        except ValueError:
+            stamps = 0
+        return default, seqs, stamps - self.step
 
     # -- calls that complete after they return -------------------------------------------------------
     def finish(self, off: int, stamp: int, status: int, span: int) -> None:

@@ -32,8 +32,11 @@ Format, version 2 (all little-endian; offsets in bytes; version 1 is read too):
   pool, the group's C++ sequence number as last sampled and when it last changed.
 * **Sites** (``SITE_SIZE`` = 256 each): call sites referenced by id from records (id = index + 1;
   0 = unknown): line, function, file.
-* **Loaders** (``LOADER_SIZE`` = 64 each): DataLoaders this rank iterated: site id of the loop,
-  ``len()`` (-1 when unknown), epochs started, time and step of the latest epoch start.
+* **Loaders** (``LOADER_SIZE`` = 64 each): DataLoaders this rank iterated, one entry per loader and loop:
+  site id of the loop, ``len()`` (-1 when unknown), epochs started, time and step of the latest epoch start;
+  which loader (``ident``, the same on every rank; 0 in rings written before it, whose loaders are told
+  apart by their loop only) and the site that made it; the default group's sequence number at the latest
+  epoch start; the latest epoch whose loop ended and the collectives the rank issued while it ran.
 * **Member pool**: int32 global ranks of the groups' members.
 * **Sequence clock** (after the records; its offset is in the header's last layout field, 0 in rings
   written before it existed): a u64 count of entries written, then ``SEQ_CLOCK_ENTRIES`` entries of

@@ -221,15 +221,25 @@ GROUP_COMPLETED_OFFSET, GROUP_COMPLETED = GROUP.offset("completed_seq"), GROUP.s
 SITE = Layout(Field("line", "I"), Field("function", "s", 60), Field("file", "s", 192))
 SITE_SIZE = SITE.size
 
-# One per DataLoader this rank iterated.
+# One per DataLoader and loop this rank iterated it at. The fields from ``ident`` on took the place of 24
+# reserved bytes (zero in rings written before them: ``ident`` 0 says a ring does not tell loaders apart).
 LOADER = Layout(
     Field("site", "I"),  # the loop iterating it (a library's included)
     Field("user_site", "I"),  # the user's line that led there, when the loop is a library's (0: none, or older)
     Field("length", "q"),  # -1 when unknown
     Field("epochs", "Q"), Field("time", "d"), Field("step", "Q"),  # epochs started; time and step of the latest
-    Field("_reserved", "x", 24),
+    # Which loader, the same on every rank (see dtwatch.record.samplers.LoaderMakes); never 0 when written.
+    Field("ident", "I"),
+    Field("made_site", "I"),  # the user's line that made it (0: unknown)
+    Field("seq_start", "Q"),  # the default group's sequence number when the latest epoch started (NO_SEQ: unknown)
+    # The latest epoch whose loop ended (ran out of batches, or was left) and the collectives this rank
+    # issued while it ran (0, 0: none ended yet). Written apart from the fields above (LOADER_END).
+    Field("ended", "I"), Field("colls", "I"),
 )
 LOADER_SIZE = LOADER.size
+NO_SEQ = (1 << 64) - 1  # seq_start when the default group's sequence number could not be read
+LOADER_START = LOADER.span("site", "seq_start")  # written when an epoch starts
+LOADER_END_OFFSET, LOADER_END = LOADER.offset("ended"), LOADER.span("ended", "colls")  # when its loop ends
 
 MEMBER_DTYPE = np.dtype("<i4")  # the member pool: global ranks of the groups' members
 

@@ -41,6 +41,7 @@ from dtwatch.ring.layout import (
     LOADER_SIZE,
     MAGIC,
     MEMBER_DTYPE,
+    NO_SEQ,
     NUMEL_FROM_SHAPE,
     OFF_DUMP_REQUEST,
     READABLE_VERSIONS,
@@ -154,6 +155,14 @@ class LoaderInfo:
     time: float
     step: int
     user_site: Site | None = None  # the user's line that led to a library's loop (None: the loop is the user's)
+    # Which loader (0: a ring written before loaders were told apart), where it was made, the default group's
+    # sequence number when its latest epoch started (NO_SEQ: unknown), the latest epoch whose loop ended and the
+    # collectives this rank issued while it ran (see dtwatch.ring.layout.LOADER).
+    ident: int = 0
+    made_site: Site | None = None
+    seq_start: int = NO_SEQ
+    ended: int = 0
+    colls: int = 0
 
 
 @dataclass(frozen=True)
@@ -425,7 +434,8 @@ def _parse(data: bytes | memoryview, path: str, name_rank: int | None) -> RankSn
     for i in range(n_loaders):
         lo = LOADER.unpack(data, st["loaders_off"] + i * LOADER_SIZE)
         loaders.append(LoaderInfo(i, site_of(lo["site"]), lo["length"], lo["epochs"], lo["time"], lo["step"],
-                                  site_of(lo["user_site"])))
+                                  site_of(lo["user_site"]), lo["ident"], site_of(lo["made_site"]), lo["seq_start"],
+                                  lo["ended"], lo["colls"]))
 
     slots = np.frombuffer(data, dtype=RECORD_DTYPE, count=capacity, offset=st["records_off"])
     valid, dropped = _valid_records(slots, st["sites_cap"])

@@ -26,12 +26,16 @@ from dtwatch.ring.layout import (
     I32,
     LIVE,
     LOADER,
+    LOADER_END,
+    LOADER_END_OFFSET,
     LOADER_SIZE,
+    LOADER_START,
     MAGIC,
     MAIN_SITE,
     MAIN_STACK,
     MAIN_STACK_DEPTH,
     MEMBER_DTYPE,
+    NO_SEQ,
     NUMEL_FROM_SHAPE,
     OFF_COUNTS,
     OFF_DUMP_ACK,
@@ -186,20 +190,28 @@ class RingWriter:
             self._write_counts()
             return idx + 1
 
-    def add_loader(self, site: int, user_site: int = 0) -> int:
+    def add_loader(self, site: int, user_site: int = 0, ident: int = 0) -> int:
         with self._lock:
             if self.n_loaders >= self.loaders_cap:
                 return -1
             idx = self.n_loaders
-            self.set_loader(idx, site, -1, 0, 0.0, 0, user_site)
+            LOADER.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE, site=site, user_site=user_site,
+                             length=-1, epochs=0, time=0.0, step=0, ident=ident, made_site=0, seq_start=NO_SEQ,
+                             ended=0, colls=0)
             self.n_loaders += 1
             self._write_counts()
             return idx
 
     def set_loader(self, idx: int, site: int, length: int, epochs: int, when: float, step: int,
-                   user_site: int = 0) -> None:
-        LOADER.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE, site=site, user_site=user_site,
-                         length=length, epochs=epochs, time=when, step=step)
+                   user_site: int = 0, ident: int = 0, made_site: int = 0, seq_start: int = NO_SEQ) -> None:
+        """An epoch of loader ``idx`` started (what its latest ended epoch issued stays: :meth:`set_loader_end`)."""
+        LOADER_START.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE, site, user_site, length, epochs, when,
+                               step, ident, made_site, seq_start)
+
+    def set_loader_end(self, idx: int, epoch: int, colls: int) -> None:
+        """Epoch ``epoch`` of loader ``idx`` ended; this rank issued ``colls`` collectives while its loop ran."""
+        LOADER_END.pack_into(self.mm, self.loaders_off + idx * LOADER_SIZE + LOADER_END_OFFSET,
+                             min(epoch, 0xFFFFFFFF), min(colls, 0xFFFFFFFF))
 
     def _write_counts(self) -> None:
         COUNTS.pack_into(self.mm, OFF_COUNTS, self.n_groups, self.n_sites, self.n_loaders, self.members_used)

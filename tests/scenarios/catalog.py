@@ -315,6 +315,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     healthy("healthy_async_long_compute", HC, "async_long", tags=("async",)),
     healthy("healthy_ddp_no_grad_validation_rank0", PT, "ddp_val_no_grad", tags=("cpp",),
             note="under no_grad the DDP wrapper's forward issues no collective, so validating on rank 0 only is fine"),
+    # -- DataLoaders told apart, and only where their loop issues collectives ---------------------------
+    healthy("healthy_trainer_two_loaders", "loaders.py", "trainer", tags=("cpp", "object"),
+            note="one _run_epoch iterates a training loader (12 batches) and an evaluation loader (3 batches, no "
+                 "collective), made at one line of a helper; rank 0 still evaluates while the others train"),
+    healthy("healthy_eval_local_uneven", "loaders.py", "eval_local", tags=("object",),
+            note="per-rank evaluation shards of 3 + rank batches under no_grad, no collective in the loop; every "
+                 "rank then meets the same all_gather_object"),
+    incident("uneven_eval_reduce", "loaders.py", "eval_reduce", kind="uneven_iterations", ranks=(1,),
+             op="all_gather_object", line="reduce_count", also=("reduce_loader", "reduce_loop"), absent=NEVER,
+             tags=("python", "object"),
+             note="an all_reduce per evaluation batch; rank 1 has 4 batches, the others 6"),
 )
 
 
