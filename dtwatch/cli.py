@@ -144,7 +144,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print(f"dtwatch analyze: no such path: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
     result = analyze(args.paths, window=args.window)
-    if not result.states:
+    if not result.states and not result.problems:
         print("dtwatch analyze: no rings or bundles found under " + ", ".join(args.paths), file=sys.stderr)
         return EXIT_USAGE
     text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings,
@@ -161,7 +161,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         print(text, end="")
-    return EXIT_FOUND if result.stalled else EXIT_OK
+    if not result.states:
+        return EXIT_USAGE  # every input is damaged: nothing could be diagnosed (the report names them)
+    return EXIT_FOUND if result.stalled or result.unreadable else EXIT_OK
 
 
 def cmd_capture(args: argparse.Namespace) -> int:

@@ -124,7 +124,7 @@ def test_dtwatch_run_keeps_the_exit_status_of_a_crash_and_calls_it_one(tmp_path)
     assert proc.returncode == 1, err[-3000:]  # torchrun's own status for a failed worker
     notice = [line for line in err.splitlines() if line.startswith("dtwatch: CRASH [")]
     assert len(notice) == 1, err[-3000:]
-    assert notice[0].startswith("dtwatch: CRASH [rank_exited] rank 1 last seen in all_reduce"), err[-3000:]
+    assert notice[0].startswith("dtwatch: CRASH [rank_exited] rank 1 ended after all_reduce"), err[-3000:]
     assert "ValueError: loss is NaN on rank 1" in err.split(notice[0], 1)[1]
     assert "STALL" not in err
     assert err.rstrip().splitlines()[-1].startswith("dtwatch: CRASH diagnosed; python exited with status 1; bundle ")

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from dtwatch.diagnose.context import MATCHING_P2P, P2P, Context
 from dtwatch.diagnose.loops import uneven
+from dtwatch.diagnose.mismatch import mismatch, site_key
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
 from dtwatch.diagnose.state import CPP_OP, Call
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
@@ -81,7 +82,7 @@ def _split_by_line(ctx: Context, calls: dict[int, Call], split: dict[int, tuple]
     """Whether the ranks issued these calls from lines that differ exactly between the sides of ``split``."""
     lines: dict[tuple, set] = defaultdict(set)
     for m, c in calls.items():
-        lines[split[m]].add(_key(ctx.user_site(m, c)))
+        lines[split[m]].add(site_key(ctx.user_site(m, c)))
     sets = list(lines.values())
     return len(sets) > 1 and all(len(x) == 1 for x in sets) and len(set().union(*sets)) == len(sets)
 
@@ -254,14 +255,25 @@ def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
 def _never_seen(ctx: Context, unseen: list[int]) -> str:
     """Why there is no state of ``unseen``, and what that leaves unknown."""
     world = ctx.world
+    damaged = sorted(set(unseen) & ctx.ev.unreadable())
+    unseen = [r for r in unseen if r not in damaged]
+    parts = []
+    if damaged:
+        it = "it" if len(damaged) == 1 else "they"
+        parts.append(f"{fmt_ranks(damaged)} wrote {'a ring' if len(damaged) == 1 else 'rings'} that could not be "
+                     f"read (damaged: see the damaged inputs), so whether {it} issued this call is not known")
+    if not unseen:
+        return "; ".join(parts)
     pronoun = "it" if len(unseen) == 1 else "they"
     if ctx.ev.view_sample() is not None:
-        return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
-                "node's view (a job this large exchanges only the ranks that stand out and a sample of the others), "
-                f"so whether {pronoun} issued this call is not known here")
-    return (f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: no ring "
-            "(started without dtwatch, or on a node whose watchdog this one cannot reach), so whether "
-            f"{pronoun} issued this call is not known")
+        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
+                     "node's view (a job this large exchanges only the ranks that stand out and a sample of the "
+                     f"others), so whether {pronoun} issued this call is not known here")
+    else:
+        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: "
+                     "no ring (started without dtwatch, or on a node whose watchdog this one cannot reach), so "
+                     f"whether {pronoun} issued this call is not known")
+    return "; ".join(parts)
 
 
 def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: Call,
@@ -329,11 +341,11 @@ def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wait
     by_line: dict[tuple, list[list[Position]]] = defaultdict(list)
     for side in python:
         call = side[0].issued
-        keys = [call.site_key, _key(ctx.user_site(side[0].rank, call))]
+        keys = [call.site_key, site_key(ctx.user_site(side[0].rank, call))]
         by_line[tuple(sorted(k for k in keys if k))].append(side)
     for line_sides in by_line.values():
         if len(line_sides) > 1:
-            return _mismatch(ctx, group, seq, line_sides, waiting)
+            return mismatch(ctx, group, seq, line_sides, waiting)
 
     # A side that left the loop the others are still in: uneven iterations.
     for side in (sides if not ctx.past else []):
@@ -391,81 +403,18 @@ def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiti
     )
 
 
-def _key(site: dict | None) -> tuple | None:
-    return (site.get("file"), site.get("line")) if site else None
-
-
-def _mismatch(ctx: Context, group: str, seq: int, sides: list[list[Position]], waiting: list[int]) -> Finding:
-    ordered = sorted(sides, key=lambda side: (len(side), min(p.rank for p in side)))
-    tied = [side for side in ordered if len(side) == len(ordered[0])]
-    evidence = ""
-    if len(tied) > 1:  # no minority: a rank test or the line's own history must say which side deviates
-        decided, evidence = _tie_deviant(ctx, group, tied)
-        if decided is not None:
-            ordered = [decided] + [side for side in ordered if side is not decided]
-    undecided = len(tied) > 1 and not evidence
-    deviant = sorted({p.rank for side in tied for p in side}) if undecided else sorted(p.rank for p in ordered[0])
-    culprit = ordered[0][0]
-    site = ctx.user_site(culprit.rank, culprit.issued)
-    fields, waiting_txt = ctx.waiting(r for r in waiting if r not in deviant)
-    prints = "; ".join(f"{fmt_ranks(p.rank for p in side)}: {side[0].issued.fingerprint}" for side in ordered)
-    if undecided:
-        verdict = (f"each side has as many ranks as the other and no rank test or earlier call at this line tells "
-                   f"which deviates: {fmt_ranks(deviant)} are named, which of them is wrong is not known")
-    elif evidence:
-        verdict = f"{fmt_ranks(deviant)} {verb(deviant, 'deviates', 'deviate')}: {evidence}"
-    else:
-        verdict = f"{fmt_ranks(deviant)} {verb(deviant, 'is', 'are')} the minority"
-    return Finding(
-        kind=Kind.MISMATCH, severity=STALL, ranks=deviant,
-        summary=sentence(f"group {group} seq {seq}: the ranks call {ctx.fmt(site)} with different arguments ({prints})",
-                         verdict),
-        op=culprit.issued.op, group=group, seq=seq, site=ctx.site(site),
-        details={"fingerprints": {side[0].issued.fingerprint: sorted(p.rank for p in side) for side in ordered},
-                 **({"undecided": True} if undecided else {})},
-        **fields,
-    )
-
-
-def _tie_deviant(ctx: Context, group: str, tied: list[list[Position]]) -> tuple[list[Position] | None, str]:
-    """Of sides with as many ranks each: the one that deviates, and why (empty: not known). A side whose
-    call alone runs under a rank test; else the one side whose arguments differ from what this line
-    issued on every tied rank before (its completed calls in the ring)."""
-    branches = [ctx.branch(side[0].rank, side[0].issued) for side in tied]
-    under = [i for i, b in enumerate(branches) if b is not None]
-    if len(under) == 1:
-        return tied[under[0]], f"its call runs under the rank test {ctx.fmt(branches[under[0]])}"
-    before: set[str] = set()
-    for side in tied:
-        for p in side:
-            key = _key(ctx.user_site(p.rank, p.issued))
-            g = ctx.by_rank[p.rank].groups.get(group)
-            past = {c.fingerprint for c in (g.recent if g else []) if c.t_exit and c.seq < p.issued.seq
-                    and _key(ctx.user_site(p.rank, c)) == key}
-            if not past:
-                return None, ""  # a rank with no earlier call here: its history says nothing
-            before |= past
-    if len(before) != 1:
-        return None, ""
-    usual = next(iter(before))
-    differ = [side for side in tied if side[0].issued.fingerprint != usual]
-    if len(differ) == 1:
-        return differ[0], f"every rank of both sides called this line with {usual} before"
-    return None, ""
-
-
 def _order_swap(ctx: Context, group: str, sides: list[list[Position]]) -> tuple | None:
     """Two sides each in a call the other side made earlier in this group (same lines, other order)."""
     if len(sides) != 2 or any(side[0].issued.op == CPP_OP for side in sides):
         return None
     a, b = sides
-    key_a, key_b = _key(ctx.user_site(a[0].rank, a[0].issued)), _key(ctx.user_site(b[0].rank, b[0].issued))
+    key_a, key_b = site_key(ctx.user_site(a[0].rank, a[0].issued)), site_key(ctx.user_site(b[0].rank, b[0].issued))
     if key_a == key_b:
         return None  # one line (a library's entry point, trainer.fit) issues both: its history says nothing of order
 
     def history(rank: int) -> set:
         g = ctx.by_rank[rank].groups.get(group)
-        return {_key(ctx.user_site(rank, c)) for c in (g.recent if g else []) if c.t_exit}
+        return {site_key(ctx.user_site(rank, c)) for c in (g.recent if g else []) if c.t_exit}
 
     if key_b in history(a[0].rank) and key_a in history(b[0].rank):
         return (a, b)
@@ -511,7 +460,7 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
     if len(members) < len(ctx.by_rank):
         details["subgroup_members"] = members
     details["skipped_by"] = sorted(set(members) - set(ranks))
-    if call.site and site and _key(call.site) != _key(site):
+    if call.site and site and site_key(call.site) != site_key(site):
         details["library_site"] = ctx.site(call.site)
     decided = branch is not None or len(side) < len(others_pos)
     being = ctx.presence(ranks)
@@ -572,7 +521,7 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
             return f
     g = ctx.by_rank[m].groups.get(call.group)
     made_before = site is not None and g is not None and any(
-        _key(ctx.user_site(m, c)) == _key(site) for c in g.recent)
+        site_key(ctx.user_site(m, c)) == site_key(site) for c in g.recent)
     branch = ctx.branch(p.rank, call)
     waiters = sorted({q.rank for q, mm in edges if mm == m and q.issued.group == call.group})
     members = ctx.members(p.rank, call.group)

@@ -125,7 +125,11 @@ class Context:
         it. None when no sample spans the call: a line sampled earlier is from the past (the rank's
         constructor, a print before the loop), not the call's."""
         s = self.by_rank[rank]
-        if s.main_site and s.main_site_since <= call.t_enter <= s.heartbeat_time + 1e-6:
+        spans = s.main_site_since <= call.t_enter <= s.heartbeat_time + 1e-6
+        # A running rank still waiting in the call: where its main thread was sampled since the call was
+        # issued is where it waits for it (DDP's backward).
+        waits = not s.gone and call.in_flight and call.t_enter <= s.heartbeat_time + 1e-6
+        if s.main_site and (spans or waits):
             stack = list(s.main_stack) or [s.main_site]
             return stack[0]
         if not s.gone and self.pos.get(rank) is not None and self.pos[rank].call is call:
@@ -273,11 +277,7 @@ class Context:
         running = [r for r in ranks if r not in self.by_rank or not self.by_rank[r].gone]
         ended = bool(ranks) and not running
         ranks = running or ranks
-        calls = [self.pos[r] for r in ranks if r in self.pos and self.pos[r].call is not None]
-        if not calls:  # no Python-issued call: one issued from C++ (DDP) that a member has not issued yet
-            blocked = [(r, cpp_blocked_call(self.by_rank[r], self.by_rank)) for r in ranks
-                       if r in self.by_rank and not self.by_rank[r].gone]
-            calls = [Position(r, "blocked", c, None) for r, c in blocked if c is not None]
+        calls = [p for p in (self.pending(r) for r in ranks) if p is not None]
         first = min(calls, key=lambda p: p.issued.t_enter) if calls else None
         site = self.user_site(first.rank, first.call) if first else None
         fields = dict(
@@ -303,6 +303,19 @@ class Context:
         if len(where) > 1:
             text = f"{names} {'waited' if ended else 'wait'}, the first in {describe(first.call)} at {self.fmt(site)}"
         return fields, text
+
+    def pending(self, rank: int) -> Position | None:
+        """The call ``rank`` waits in: its position's call, unless that is one it completed before it came to
+        wait (a rank still running when a peer ended is placed at its latest call); then, or with no call, one
+        issued from C++ (DDP) that a member has not issued yet."""
+        p = self.pos.get(rank)
+        s = self.by_rank.get(rank)
+        if p is not None and p.call is not None and (p.state != "gone" or s is None or s.gone or p.call.in_flight):
+            return p
+        if s is None or s.gone:
+            return None
+        cpp = cpp_blocked_call(s, self.by_rank)
+        return Position(rank, "blocked", cpp, s.main_site) if cpp is not None else None
 
     def ending(self, rank: int) -> dict | None:
         """What the rank's process wrote as it ended (:meth:`Evidence.ending`), read once."""

@@ -17,7 +17,7 @@ from dtwatch.diagnose.loops import (
 )
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.order import parting_at_stall
-from dtwatch.diagnose.state import CPP_OP, RankState
+from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
 
 
@@ -94,8 +94,11 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         if told.site:
             site = told.site
             parts.append(f"at {ctx.fmt(told.site)}")
-    parts.append(f"its last collective was {describe(last)} at {ctx.fmt(ctx.user_site(r, last))}" if last
-                 else "it had issued no collective")
+    last_site = ctx.user_site(r, last)
+    parts.append((f"its last collective was {describe(last)}" + (f" at {ctx.fmt(last_site)}" if last_site else ""))
+                 if last else "it had issued no collective")
+    if told is not None and DDP_UNFINISHED in told.error:
+        parts.append(_ddp_unfinished(r, last, fields))
     parts += [waiting_txt, extra]
     return Finding(
         kind=Kind.RANK_EXITED, severity=STALL, ranks=[r], summary=sentence(*parts),
@@ -104,6 +107,21 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host,
                  "ending": ctx.ending(r), "last_call_site": ctx.site(ctx.user_site(r, last)), **details}, **fields,
     )
+
+
+DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
+
+
+def _ddp_unfinished(r: int, last: Call | None, fields: dict) -> str:
+    """What DDP's "Expected to have finished reduction" error means for the ranks that wait."""
+    waited = ""
+    if last is not None and fields.get("waiting_ranks") and fields.get("waiting_group") == last.group \
+            and fields.get("waiting_seq") == last.seq + 1:
+        waited = f" (seq {last.seq + 1} of group {last.group}, which {fmt_ranks(fields['waiting_ranks'])} wait in)"
+    return (f"DDP raises this at the forward after a step in which some of rank {r}'s parameters got no gradient: "
+            f"a gradient all-reduce of that step was never issued on rank {r}{waited}; that step's forward left "
+            "those parameters out of the loss (a branch or an early return in forward; if that is intended, pass "
+            "find_unused_parameters=True to DistributedDataParallel)")
 
 
 def _crashed_past_loop(ctx: Context, r: int, others: list[int], extra: str) -> Finding | None:

@@ -86,6 +86,10 @@ class Evidence:
         """What the states are a sample of, when they are (a large job); None: every rank that has a ring."""
         return None
 
+    def unreadable(self) -> set[int]:
+        """Ranks whose ring or bundle file exists but could not be read (damaged): not "never seen"."""
+        return set()
+
     def earlier_findings(self) -> list:
         """Warnings already reported while the job ran (:class:`~dtwatch.diagnose.model.Finding`), oldest first:
         a silent desync seen then may have left the rings' history since."""
@@ -103,8 +107,10 @@ class FileEvidence(Evidence):
         endings: Callable[[int], dict | None] | None = None,
         sample: ViewSample | None = None,
         earlier: list | None = None,
+        unreadable: set[int] | None = None,
     ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
+        self._unreadable = set(unreadable or ())
         self._sample = sample
         self._earlier = list(earlier or [])
         self._stacks = stacks
@@ -152,6 +158,9 @@ class FileEvidence(Evidence):
 
     def view_sample(self) -> ViewSample | None:
         return self._sample
+
+    def unreadable(self) -> set[int]:
+        return self._unreadable
 
     def earlier_findings(self) -> list:
         return self._earlier

@@ -162,7 +162,8 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         def ending(rank: int) -> dict | None:
             return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
 
-        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending), heartbeat_stale=float("inf"),
+        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending, unreadable=set(unreadable)),
+                                   heartbeat_stale=float("inf"),
                                    assume_stalled=window == 0.0).findings
     result_findings = [_unreadable_noted(f, unreadable) for f in result_findings]
     live = live_warnings(event_files)

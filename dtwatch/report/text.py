@@ -43,10 +43,6 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
                 out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
             if f.onset:
                 out.append(f"      no progress since {now - f.onset:.1f}s before detection")
-            if (f.details or {}).get("unreadable_ranks"):
-                lost = f.details["unreadable_ranks"]
-                out.append(f"      {fmt_ranks(lost)} did write {verb(lost, 'a ring', 'rings')}, which could not be "
-                           "read (see DAMAGED INPUT)")
         if unread:
             out.append(f"  (the diagnosis is of the ranks read: {fmt_ranks(unread)} could not be read)")
     elif unread and not states:

@@ -15,8 +15,9 @@ PREFIX = "dtwatch: "
 
 
 def ended_abnormally(s: RankState) -> bool:
-    """Raised, killed by a signal, or vanished without a clean exit."""
-    return s.exit_state in ("exception", "signal") or (s.alive is False and s.exit_state == "running")
+    """Raised, exited with an error status, killed by a signal, or vanished without a clean exit."""
+    return s.exit_state in ("exception", "signal") or (s.exit_state == "exited" and s.exit_code != 0) or \
+        (s.alive is False and s.exit_state == "running")
 
 
 def verdict(findings: list[Finding], states: list[RankState], *, from_exits: bool) -> str:
@@ -73,7 +74,7 @@ def _lead(f: Finding) -> str:
     """How the culprit relates to the finding's call: inside it now, or a call it made (or skipped) earlier."""
     details = f.details or {}
     if f.kind == "rank_exited":
-        return "last seen in"  # it ended: not inside that call any more
+        return "ended after"  # its last collective: it is inside no call now
     if details.get("pattern") == "skipped_call":
         return "skipped"
     if details.get("pattern") == "fewer_calls":
@@ -82,7 +83,7 @@ def _lead(f: Finding) -> str:
     if details.get("program_order") or details.get("diverged_at"):
         return "made"  # an earlier call that completed, paired with a different one
     if details.get("culprits_ended"):
-        return "last seen in"  # its process ended: in no call now
+        return "ended after"  # its process ended: in no call now
     return "in"
 
 

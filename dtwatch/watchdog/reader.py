@@ -1,12 +1,16 @@
 """Reading this node's rings each poll: who is there, who was replaced, what completed since last time."""
 from __future__ import annotations
 
+import logging
 import socket
 
 import numpy as np
 
-from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingFormatError, find_rings, read_ring
+from dtwatch.ring import FLAG_MARKER, RankSnapshot, find_rings
+from dtwatch.ring.reader import try_read_ring
 from dtwatch.watchdog.proctree import parent_pid
+
+log = logging.getLogger("dtwatch")
 
 
 class RingReader:
@@ -21,16 +25,20 @@ class RingReader:
         self.parents: dict[int, int] = {}  # rank -> its parent (launcher) when first seen
         self.processed: dict[int, int] = {}  # rank -> highest stamp looked at
         self.in_flight: dict[int, set[int]] = {}  # rank -> stamps seen in flight, handed over when they complete
+        self.damaged: dict[str, str] = {}  # ring path -> what was wrong with it when last said (said once)
 
     def read(self) -> dict[int, RankSnapshot]:
         """This node's rings as they are now, by rank (a restarted rank's newest process)."""
         snaps: dict[int, RankSnapshot] = {}
         identity, parents = dict(self.identity), dict(self.parents)  # replaced whole below: see the class
         for path in find_rings(self.run_dir):
-            try:
-                snap = read_ring(path)
-            except (OSError, RingFormatError):
+            snap, problem = try_read_ring(path)
+            if snap is None:  # damaged (not a torn record: those are read at the next poll): said once
+                if problem is not None and self.damaged.get(str(path)) != problem.problem:
+                    log.warning("dtwatch WARNING [damaged_input]: %s", problem.line())
+                self.damaged[str(path)] = problem.problem if problem is not None else ""
                 continue
+            self.damaged.pop(str(path), None)
             if snap.host != self.node and snap.host != socket.gethostname():
                 continue
             ident = (snap.pid, snap.start_time)

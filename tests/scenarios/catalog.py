@@ -171,7 +171,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     incident("exit_segfault", EX, "segfault", kind="rank_exited", ranks=(1,), op=None, line="segv_crash",
              also=("segv_step",), tags=("python", "crash")),
     incident("exit_loader_worker_raises", EX, "worker", kind="rank_exited", ranks=(1,), op=None,
-             line="worker_raise", also=("worker_loop",), present=("corrupt sample 1266", "DataLoader worker"),
+             line="worker_raise", also=("worker_loop",), present=("corrupt sample 33", "DataLoader worker"),
              absent=("Original Traceback",), tags=("python",)),
     incident("exit_ddp_unused_parameters", EX, "unused", kind="rank_exited", ranks=(1,), op=None,
              line="unused_forward", present=("did not receive grad for rank 1",), tags=("cpp",),

@@ -142,13 +142,15 @@ class Samples(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if i == self.corrupt:
-            raise ValueError(f"corrupt sample {i + 1258}")  # site:worker_raise
+            raise ValueError(f"corrupt sample {i}")  # site:worker_raise
         return torch.ones(4)
 
 
 def worker(rank: int) -> None:
-    corrupt = 4 * (HANG_STEP - 1) if rank == 1 else -1  # the first sample of batch HANG_STEP
-    loader = torch.utils.data.DataLoader(Samples(corrupt), batch_size=4, num_workers=1)
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    data = Samples(corrupt=33)  # rank 1's shard is 1, 5, 9, ...: sample 33 is the first of its batch 3
+    loader = DataLoader(data, batch_size=4, num_workers=1, sampler=DistributedSampler(data, shuffle=False))
     for step, x in enumerate(loader, start=1):  # site:worker_loop
         if rank == 1 and step == HANG_STEP - 1:
             mark_onset()
