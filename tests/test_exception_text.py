@@ -122,6 +122,12 @@ EXIT_JOB = textwrap.dedent("""
         if pid == 0:
             os._exit(7)
         os.waitpid(pid, 0)
+    if sys.argv[3] == "thread":  # sys.exit in a thread ends the thread, not the process
+        import threading
+        t = threading.Thread(target=sys.exit, args=(5,))
+        t.start()
+        t.join()
+        raise SystemExit(0)
     def fail():
         raise ValueError("bad config value")
     try:
@@ -145,11 +151,27 @@ def test_sys_exit_is_recorded_with_its_status_line_and_the_error_it_handled(tmp_
     assert len(exit_files) == 1, exit_files
     facts = json.loads(exit_files[0].read_text())
     assert facts["how"] == "sys.exit" and facts["code"] == 3
-    assert facts["frames"][0]["file"] == str(script) and facts["frames"][0]["line"] == 17
+    assert facts["frames"][0]["file"] == str(script) and facts["frames"][0]["line"] == 23
     assert facts["handling"]["type"] == "ValueError" and facts["handling"]["message"] == "bad config value"
     from dtwatch.ring import read_ring
 
     ring = next((tmp_path / "runs").rglob("*.ring"))
     snap = read_ring(str(ring))
     assert snap.exit_state_name == "exited" and snap.exit_code == 3
-    assert snap.exit_reason == f"sys.exit(3) at {script}:17"
+    assert snap.exit_reason == f"sys.exit(3) at {script}:23"
+
+
+def test_sys_exit_in_a_thread_is_not_the_process_ending(tmp_path):
+    from tests.harness import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(EXIT_JOB)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), str(free_port()), "thread"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DTWATCH_JOB_ID": "exit-test"})
+    assert proc.returncode == 0, proc.stderr
+    assert not list((tmp_path / "runs").rglob("*.exit.json"))
+    from dtwatch.ring import read_ring
+
+    snap = read_ring(str(next((tmp_path / "runs").rglob("*.ring"))))
+    assert snap.exit_state_name == "exited" and snap.exit_code == 0

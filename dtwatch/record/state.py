@@ -482,7 +482,8 @@ class Recorder:
         if os.getpid() != self.pid:
             return  # a forked child's exit (a DataLoader worker's os._exit) is not this rank's
         if facts["how"] == "sys.exit":
-            self.exit_call = facts
+            if threading.current_thread() is threading.main_thread():  # elsewhere it ends only its thread
+                self.exit_call = facts
             return
         ring = self.ring
         if ring is not None and EXIT.unpack_from(ring.mm, OFF_EXIT)[0] == EXIT_RUNNING:
