@@ -46,7 +46,8 @@ def test_nccl_saying_two_ranks_share_a_gpu_is_the_cause():
         facts["type"] = "DistBackendError"
         facts["message"] = ("NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage, NCCL version 2.21.5\n"
                             "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
-                            f"Duplicate GPU detected : rank {s['rank']} and rank {(s['rank'] + 1) % 4} both on CUDA device 1000")
+                            f"Duplicate GPU detected : rank {s['rank']} and rank {(s['rank'] + 1) % 4} both on CUDA "
+                            "device 1000")
     [f] = diagnose_fixture(fx)
     assert f.summary.startswith("every rank raised DistBackendError")
     assert "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1000" in f.summary  # the key line kept
