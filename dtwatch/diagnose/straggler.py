@@ -1,38 +1,102 @@
-"""A straggler: one rank consistently last to issue the world group's collectives while the job progresses."""
+"""A straggler: one rank consistently last to issue the world group's collectives while the job progresses.
+
+A warning that fires on scheduling noise gets dtwatch switched off, so the rule has three parts
+(docs/diagnosis.md, "Stragglers"):
+
+1. **Steps** (:func:`entry_lags`). The collectives of group 0 that every live rank has issued are
+   grouped by training step (the step markers' sequence numbers, where every rank has the marker;
+   without step markers each collective stands alone). In a step, a rank's *lag* is the largest over
+   the step's collectives of how late it issued one after the first rank; its *lead* is its lag minus
+   the largest of the other ranks' lags: how long after every other rank it was (negative when it was
+   not the last).
+2. **One look** (:func:`judge`), over the last ``WINDOW_STEPS`` complete steps (at least ``MIN_STEPS``).
+   The candidate is the rank that was last in the most steps. It is named when it was last in at least
+   ``MIN_SHARE`` of them (a scheduler that favours one rank on a loaded machine lets it off now and then;
+   a straggler is last every step) and its median lead *d* is at least the margin, the largest of:
+   ``MIN_LAG`` (``MIN_LAG_CLOCK``, two sequence-clock intervals, when some compared time comes from a
+   rank's sequence clock rather than a Python-issued call's own entry time: two samplers' phases alone
+   differ by up to one interval); ``MIN_FRACTION`` of a step (smaller asymmetries, such as rank 0's
+   logging, are normal); ``NOISE_FACTOR`` times the scatter of the leads, every rank's around its own
+   median (1.4826 x the pooled median absolute deviation). And *d* must be less than a step (less one
+   clock interval for clock times): a rank steadily *d* later than the others makes every step at least
+   *d* long, so a longer lead is a measurement artefact (a sampler thread starved of CPU), not a
+   straggler.
+3. **Persistence** (:class:`StragglerWatch`). The warning is issued once the same rank was named at every
+   look for at least ``HOLD`` seconds, and the steps that came after the first look that named it, judged
+   on their own, name it too (two disjoint windows agree). A look that names nobody, or another rank,
+   starts over: a rank the scheduler holds back for a few seconds, then another, is never named.
+"""
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.state import RankState
+
+MAX_COMPARED = 200  # the newest collectives of group 0 compared across ranks
+WINDOW_STEPS = 20  # one look judges at most this many of the newest complete steps
+MIN_STEPS = 10  # ... and at least this many
+MIN_SHARE = 0.9  # the candidate was the last rank in at least this share of them (18 of 20)
+MIN_LAG = 0.010  # s: the smallest median lead named, between exact entry times
+CLOCK_INTERVAL = 0.010  # s: the ranks' sequence clocks are read every 10 ms (a time from one is up to that late)
+MIN_LAG_CLOCK = 2 * CLOCK_INTERVAL  # s: the smallest median lead named when a compared time comes from a clock
+MIN_FRACTION = 0.15  # of a step: the smallest median lead named
+NOISE_FACTOR = 2.5  # the median lead is at least this many times the ranks' scatter
+HOLD = 5.0  # s: the same rank named at every look for this long before the warning
+
+
+@dataclass
+class Step:
+    """One training step's collectives of group 0 as the ranks issued them (or one collective, without
+    step markers)."""
+
+    first_seq: int
+    last_seq: int
+    start: float  # when the first rank issued the step's first compared collective
+    end: float  # ... and its last
+    lags: dict[int, float]  # rank -> its largest lag behind the first rank over the step's collectives
+    clock: bool = False  # some compared time came from a rank's sequence clock (not an exact entry time)
+    _leads: dict[int, float] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def leads(self) -> dict[int, float]:
+        """rank -> how long after every other rank it was (its lag minus the largest other lag)."""
+        if self._leads is None:
+            top = sorted(self.lags.items(), key=lambda x: -x[1])[:2]
+            if len(top) < 2:
+                self._leads = {r: 0.0 for r in self.lags}
+            else:
+                (r1, v1), (_, v2) = top
+                self._leads = {r: lag - (v2 if r == r1 else v1) for r, lag in self.lags.items()}
+        return self._leads
 
 
 @dataclass
 class EntryLags:
     """How late each rank issues recent world-group collectives, relative to the first rank."""
 
-    medians: dict[int, float]  # rank -> median seconds behind the first rank
-    last_counts: dict[int, int]  # rank -> how many of the compared collectives it issued last
-    compared: int  # collectives every live rank has a time for
+    medians: dict[int, float]  # rank -> median seconds behind the first rank (every compared collective)
+    compared: int = 0  # collectives every live rank has a time for
     period: float | None = None  # median seconds between consecutive compared collectives
-    # Per compared collective: (the rank that issued it last, how far behind the first rank); ties none.
-    lasts: list[tuple[int, float]] = field(default_factory=list)
     step_period: float | None = None  # median seconds between training steps (step markers), if counted
-
-
-MAX_COMPARED = 200
+    steps: list[Step] = field(default_factory=list)  # complete steps, oldest first
+    stepped: bool = False  # steps are training steps (step markers); otherwise single collectives
 
 
 def issue_times(s: RankState, group: str = "0") -> dict[int, float]:
     """seq -> when ``s`` issued it: a Python-issued call's entry time; otherwise (issued from C++, e.g. by
     DDP's reducer) when the rank's sequence clock first showed the counter at or past it (at most the
     clock's interval late)."""
+    return _issue_times(s, group)[0]
+
+
+def _issue_times(s: RankState, group: str = "0") -> tuple[dict[int, float], set[int]]:
+    """(seq -> issue time, the seqs whose time is a Python-issued call's exact entry time)."""
     g = s.groups.get(group)
     if g is None:
-        return {}
+        return {}, set()
     out: dict[int, float] = {}
     prev = None
     for seq, t in g.seq_times:
@@ -41,73 +105,172 @@ def issue_times(s: RankState, group: str = "0") -> dict[int, float]:
             for q in range(prev + 1, seq + 1):
                 out[q] = t
         prev = seq if prev is None else max(prev, seq)
+    exact = set()
     for c in g.recent:
         out[c.seq] = c.t_enter
-    return out
+        exact.add(c.seq)
+    return out, exact
 
 
 def entry_lags(states: list[RankState]) -> EntryLags:
     live = [s for s in states if not s.gone]
-    times = {s.rank: issue_times(s) for s in live}
+    got = {s.rank: _issue_times(s) for s in live}
+    times = {r: t for r, (t, _) in got.items()}
     common = sorted(set.intersection(*(set(t) for t in times.values()))) if times else []
     common = common[-MAX_COMPARED:]
-    lags: dict[int, list[float]] = defaultdict(list)
-    last_counts: dict[int, int] = defaultdict(int)
-    lasts: list[tuple[int, float]] = []
+    lags: dict[int, list[float]] = {r: [] for r in times}
     firsts = []
     for seq in common:
-        v = {r: t[seq] for r, t in times.items()}
-        first = min(v.values())
+        first = min(t[seq] for t in times.values())
         firsts.append(first)
-        for r, t in v.items():
-            lags[r].append(t - first)
-        last = max(v, key=lambda r: v[r])
-        if v[last] > first:  # a tie (one clock sample for all) names nobody
-            last_counts[last] += 1
-            lasts.append((last, v[last] - first))
+        for r, t in times.items():
+            lags[r].append(t[seq] - first)
     gaps = [b - a for a, b in itertools.pairwise(firsts) if b > a]
-    steps = [b - a for s in live for a, b in itertools.pairwise(s.step_times) if b > a]
-    return EntryLags({r: statistics.median(x) for r, x in lags.items()}, dict(last_counts), len(common),
-                     statistics.median(gaps) if gaps else None, lasts, statistics.median(steps) if steps else None)
-
-
-def straggler_warning(lags: EntryLags, now: float, min_lag: float = 0.01, min_share: float = 0.7,
-                      min_fraction: float = 0.03, min_spread: int = 15) -> Finding | None:
-    """One rank consistently last to issue the world group's collectives, while the job progresses.
-
-    Only collectives where some rank was notably late count (*spread*: the last rank at least
-    ``min_lag`` and ``min_fraction`` of a training step behind the first; without step markers, of
-    the time between collectives). Within a step,
-    later collectives often wait for the earlier ones to complete, as FSDP's all-gathers do, and show
-    no spread. The straggler is last in at least ``min_share`` of ``min_spread`` or more spread
-    collectives, and its median lag over them is at least twice every other rank's overall median.
-    Ranks that take turns being slow share "last" and are not named."""
-    if len(lags.medians) < 2:
-        return None
-    period = lags.step_period or lags.period
-    floor = max(min_lag, min_fraction * period) if period else min_lag
-    spread = [(r, lag) for r, lag in lags.lasts if lag >= floor]
-    if len(spread) < min_spread:
-        return None
-    counts: dict[int, int] = defaultdict(int)
-    for r, _lag in spread:
-        counts[r] += 1
-    slow = max(counts, key=lambda r: counts[r])
-    share = counts[slow] / len(spread)
-    lag = statistics.median(x for r, x in spread if r == slow)
-    others = sorted(v for r, v in lags.medians.items() if r != slow)
-    if share < min_share or lag < 2 * max(others):
-        return None
-    period_text = (f" (a step takes {lags.step_period * 1000:.0f} ms)" if lags.step_period else
-                   f" (of {lags.period * 1000:.0f} ms between collectives)" if lags.period else "")
-    return Finding(
-        kind=Kind.STRAGGLER, severity=WARNING, ranks=[slow],
-        summary=f"rank {slow} is the last to issue {share:.0%} of the recent collectives of group 0 that some rank "
-                f"was late for, a median {lag*1000:.0f} ms{period_text} behind the first rank (the others' median "
-                f"lag: {statistics.median(others)*1000:.0f} ms); the job is progressing",
-        detected=now, onset=now,
-        details={"median_lag_s": {str(r): round(v, 4) for r, v in sorted(lags.medians.items())},
-                 "straggler_lag_s": round(lag, 4), "last_share": round(share, 3), "spread": len(spread),
-                 "compared": lags.compared, "period_s": round(lags.period, 4) if lags.period else None,
-                 "step_s": round(lags.step_period, 4) if lags.step_period else None},
+    step_gaps = [b - a for s in live for a, b in itertools.pairwise(s.step_times) if b > a]
+    # Step boundaries every live rank marked (the default group's seq at its optimizer step / dtwatch.step()).
+    marks = [set(s.step_seqs) for s in live]
+    bounds = sorted(set.intersection(*marks)) if marks and all(marks) else []
+    steps: list[Step] = []
+    if common and len(times) >= 2:
+        exact = {r: e for r, (_, e) in got.items()}
+        stepped = len(bounds) >= 2
+        if stepped:
+            # seq q belongs to the step that ends at the first boundary >= q; only steps with both ends.
+            groups: dict[int, list[int]] = {}
+            for i, seq in enumerate(common):
+                k = bisect.bisect_left(bounds, seq)
+                if 0 < k < len(bounds) and (k in groups or seq == bounds[k - 1] + 1):  # whole steps only
+                    groups.setdefault(k, []).append(i)
+            members = [groups[k] for k in sorted(groups)]
+        else:
+            members = [[i] for i in range(len(common))]
+        for idx in members:
+            seqs = [common[i] for i in idx]
+            steps.append(Step(
+                first_seq=seqs[0], last_seq=seqs[-1], start=firsts[idx[0]], end=firsts[idx[-1]],
+                lags={r: max(lags[r][i] for i in idx) for r in times},
+                clock=any(q not in exact[r] for q in seqs for r in times),
+            ))
+    else:
+        stepped = False
+    return EntryLags(
+        medians={r: statistics.median(x) for r, x in lags.items() if x}, compared=len(common),
+        period=statistics.median(gaps) if gaps else None,
+        step_period=statistics.median(step_gaps) if step_gaps else None, steps=steps, stepped=stepped,
     )
+
+
+@dataclass
+class Verdict:
+    """What one look at a window of steps says."""
+
+    rank: int | None  # the rank named, or None
+    steps: int = 0  # steps judged
+    last: int = 0  # of them, the steps the candidate was the last rank in
+    lead: float = 0.0  # its median lead over every other rank (s)
+    noise: float = 0.0  # the ranks' scatter (s)
+    margin: float = 0.0  # the smallest median lead named (s)
+    step: float | None = None  # a step (or the time between collectives, without step markers) (s)
+    first_seq: int = 0
+    last_seq: int = 0
+    start: float = 0.0  # when the first step judged began (its first collective, first rank)
+    end: float = 0.0
+    why: str = ""  # why nobody is named
+
+
+def judge(lags: EntryLags, steps: list[Step] | None = None) -> Verdict:
+    """One look: is one rank the last, by more than the noise, in nearly all of the newest steps?"""
+    steps = (lags.steps if steps is None else steps)[-WINDOW_STEPS:]
+    if len(lags.medians) < 2 or len(steps) < MIN_STEPS:
+        return Verdict(None, len(steps), why="too few steps")
+    step = lags.step_period if lags.stepped else lags.period
+    leads = [s.leads() for s in steps]
+    ranks = sorted(leads[0])
+    last_in = {r: sum(1 for ld in leads if ld[r] > 0) for r in ranks}
+    cand = max(ranks, key=lambda r: (last_in[r], r))
+    lead = statistics.median(ld[cand] for ld in leads)
+    resid = []
+    for r in ranks:
+        mid = statistics.median(ld[r] for ld in leads)
+        resid += [abs(ld[r] - mid) for ld in leads]
+    noise = 1.4826 * statistics.median(resid)
+    clock = any(s.clock for s in steps)
+    margin = max(MIN_LAG_CLOCK if clock else MIN_LAG, MIN_FRACTION * step if step else 0.0, NOISE_FACTOR * noise)
+    v = Verdict(None, len(steps), last_in[cand], lead, noise, margin, step, steps[0].first_seq, steps[-1].last_seq,
+                steps[0].start, steps[-1].end)
+    if last_in[cand] < MIN_SHARE * len(steps):
+        v.why = f"rank {cand} was the last in only {last_in[cand]} of {len(steps)} steps"
+    elif lead < margin:
+        v.why = f"rank {cand}'s median lead {lead * 1000:.1f} ms is below the margin {margin * 1000:.1f} ms"
+    elif step and lead + (CLOCK_INTERVAL if clock else 0.0) >= step:
+        v.why = (f"rank {cand}'s median lead {lead * 1000:.1f} ms is not less than a step ({step * 1000:.1f} ms"
+                 + (", less the sequence clock's interval)" if clock else ")"))
+    else:
+        v.rank = cand
+    return v
+
+
+class StragglerWatch:
+    """The rule's memory between looks (the watchdog holds one and calls :meth:`update` every poll): the rank
+    named at every look since ``since``, and the last sequence number of the first window that named it."""
+
+    def __init__(self, hold: float = HOLD) -> None:
+        self.hold = hold
+        self.rank: int | None = None
+        self.since = 0.0
+        self.first_last_seq = 0
+        self.looks = 0
+
+    def reset(self) -> None:
+        self.rank, self.since, self.first_last_seq, self.looks = None, 0.0, 0, 0
+
+    def update(self, lags: EntryLags, now: float) -> Finding | None:
+        """One look; the warning while the same rank has been named long enough (None otherwise)."""
+        v = judge(lags)
+        if v.rank is None:
+            self.reset()
+            return None
+        if v.rank != self.rank:
+            self.rank, self.since, self.first_last_seq, self.looks = v.rank, now, v.last_seq, 1
+        else:
+            self.looks += 1
+        if now - self.since < self.hold:
+            return None
+        newer = [s for s in lags.steps if s.first_seq > self.first_last_seq]
+        again = judge(lags, newer)
+        if again.rank != v.rank:
+            return None
+        return straggler_finding(v, again, lags, now, now - self.since, self.looks)
+
+
+def straggler_finding(v: Verdict, again: Verdict, lags: EntryLags, now: float, held: float, looks: int) -> Finding:
+    stepped = lags.stepped
+    unit = "training steps" if stepped else "collectives"
+    step_text = (f"a step takes {v.step * 1000:.0f} ms" if stepped and v.step else
+                 f"{v.step * 1000:.0f} ms between collectives" if v.step else "")
+    return Finding(
+        kind=Kind.STRAGGLER, severity=WARNING, ranks=[v.rank],
+        summary=f"rank {v.rank} was the last to issue the collectives of group 0 in {v.last} of the last {v.steps} "
+                f"{unit}, a median {v.lead * 1000:.0f} ms after every other rank ({step_text}; the scatter between "
+                f"ranks is {v.noise * 1000:.0f} ms), and the last at every look for {held:.1f} s; the job is "
+                f"progressing",
+        detected=now, onset=now - held,
+        details={"median_lag_s": {str(r): round(x, 4) for r, x in sorted(lags.medians.items())},
+                 "straggler_lag_s": round(v.lead, 4), "last_steps": v.last, "steps": v.steps, "stepped": stepped,
+                 "noise_s": round(v.noise, 4), "margin_s": round(v.margin, 4),
+                 "step_s": round(v.step, 4) if v.step else None, "window_s": round(v.end - v.start, 3),
+                 "held_s": round(held, 3), "looks": looks,
+                 "confirmed_by": {"steps": again.steps, "last_steps": again.last,
+                                  "straggler_lag_s": round(again.lead, 4)}},
+    )
+
+
+def straggler_warning(lags: EntryLags, now: float, hold: float = HOLD) -> Finding | None:
+    """The same rule over a recorded window (``dtwatch analyze``): a look after every step, as the watchdog
+    would have looked; the warning the watchdog would have issued first, if any."""
+    watch = StragglerWatch(hold)
+    for j in range(MIN_STEPS, len(lags.steps) + 1):
+        f = watch.update(replace(lags, steps=lags.steps[:j]), lags.steps[j - 1].end)
+        if f is not None:
+            return f
+    return None

@@ -31,8 +31,9 @@ import time
 
 from dtwatch import __version__, paths
 from dtwatch.config import WatchOptions
-from dtwatch.diagnose import Diagnosis, Finding, diagnose, entry_lags, straggler_warning
+from dtwatch.diagnose import Diagnosis, Finding, diagnose, entry_lags
 from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.diagnose.straggler import StragglerWatch
 from dtwatch.export.view import WatchdogHealth
 from dtwatch.paths import EXIT_FAILED_FAST, EXIT_LOCKED, EXIT_OK
 from dtwatch.report.bundle import Bundle, incident_id
@@ -69,6 +70,7 @@ class Watchdog:
         self.outputs = Outputs(opts, self.reader, self.services, self.error)
         self.live = LiveEvidence(self.run_dir, pyspy=opts.pyspy)
         self.warnings = Warnings()
+        self.stragglers = StragglerWatch()  # the straggler rule's persistence across polls
         self.peers = Peers(opts, self.error)
         self.incident: OpenIncident | None = None
         self.incidents_total = 0
@@ -166,8 +168,11 @@ class Watchdog:
         elif step is Step.EARLY_DUMPS and result is not None and result.check is not None:
             self.live.request_early_dumps(local, result.check.last_progress, now)
         lags = entry_lags(states)
-        # Every poll, so the exporters show who it names now; not while a stall is open (nothing progresses).
-        straggler = straggler_warning(lags, now) if self.incident is None else None
+        # Every poll, so the exporters show who it names now (once the same rank was named for long enough);
+        # not while a stall is open (nothing progresses), and a stall starts the rule over.
+        straggler = self.stragglers.update(lags, now) if self.incident is None else None
+        if self.incident is not None:
+            self.stragglers.reset()
         if states and self.incident is None:
             self.report_warnings(states, now, straggler)
         self.export(Poll(now, window, snaps, local, states, new_records, lags, straggler))
