@@ -81,11 +81,11 @@ def states_of(name: str) -> dict[int, RankState]:
 
 
 def test_an_exit_status_is_an_error_and_a_clean_exit_is_not():
+    fx = fixture("exit_sys_exit_object")
     s = states_of("exit_sys_exit_object")[2]
-    ending = fixture("exit_sys_exit_object")["endings"]["2"]
-    told = tell(s, ending, lambda path: "site-packages" in path)
+    told = tell(s, fx["endings"]["2"], lambda path: "site-packages" in path)
     assert told.failed and told.text == "exited with status 2 through sys.exit(2)"
-    assert told.site["line"] == 109 and not s.clean_exit
+    assert told.site["line"] == fx["truth"]["line"] and not s.clean_exit  # the sys.exit line
     clean = copy.deepcopy(s)
     clean.exit_code = 0
     told = tell(clean, None, lambda path: False)
