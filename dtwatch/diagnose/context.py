@@ -310,10 +310,12 @@ class Context:
         issued from C++ (DDP) that a member has not issued yet."""
         p = self.pos.get(rank)
         s = self.by_rank.get(rank)
-        if p is not None and p.call is not None and (p.state != "gone" or s is None or s.gone or p.call.in_flight):
+        if p is not None and p.call is not None and (p.state != "gone" or s is None or p.call.in_flight):
             return p
-        if s is None or s.gone:
+        if s is None:
             return None
+        # A C++-issued call some member never issued cannot have completed: the rank waited in it (and a rank
+        # that ended since waited in it until it failed on the lost peer).
         cpp = cpp_blocked_call(s, self.by_rank)
         return Position(rank, "blocked", cpp, s.main_site) if cpp is not None else None
 

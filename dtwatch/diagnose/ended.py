@@ -18,7 +18,7 @@ from dtwatch.diagnose.loops import (
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
-from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim
+from dtwatch.diagnose.text import describe, fmt_ranks, sentence, trim, verb
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -117,7 +117,8 @@ def _ddp_unfinished(r: int, last: Call | None, fields: dict) -> str:
     waited = ""
     if last is not None and fields.get("waiting_ranks") and fields.get("waiting_group") == last.group \
             and fields.get("waiting_seq") == last.seq + 1:
-        waited = f" (seq {last.seq + 1} of group {last.group}, which {fmt_ranks(fields['waiting_ranks'])} wait in)"
+        who = fields["waiting_ranks"]
+        waited = f" (seq {last.seq + 1} of group {last.group}, which {fmt_ranks(who)} {verb(who, 'waits', 'wait')} in)"
     return (f"DDP raises this at the forward after a step in which some of rank {r}'s parameters got no gradient: "
             f"a gradient all-reduce of that step was never issued on rank {r}{waited}; that step's forward left "
             "those parameters out of the loss (a branch or an early return in forward; if that is intended, pass "
