@@ -101,7 +101,18 @@ class Context:
         calls = [self.pos[r].call for r in ranks if r in self.pos]
         if calls and all(c is not None and c.is_async and c.in_flight for c in calls):
             return "issued"
+        if self.ended(ranks):
+            return verb(ranks, "was", "were") + " in"  # until its process ended
         return verb(ranks, "is", "are") + " in"
+
+    def ended(self, ranks: Iterable[int]) -> bool:
+        """Every one of ``ranks`` has ended (what they were in is told in the past tense)."""
+        ranks = list(ranks)
+        return bool(ranks) and all(r in self.by_rank and self.by_rank[r].gone for r in ranks)
+
+    def waits(self, ranks: list[int]) -> str:
+        """``waits``/``wait``, or ``waited`` for ranks that have all ended since."""
+        return "waited" if self.ended(ranks) else verb(ranks, "waits", "wait")
 
     def site(self, site: dict | None) -> dict | None:
         return with_source(site, self.ev)

@@ -56,7 +56,7 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in culprits)
     where = ""
     if side:
-        where = f"{verb(culprits, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}"
+        where = f"{ctx.waits(culprits)} in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}"
     elif s0.gone:
         where = f"then {ctx.how_it_ended(s0)}"
     else:
@@ -223,12 +223,12 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
     ended = all(ctx.by_rank[r].gone for r in short)
     if ended:
         parts = [f"{fmt_ranks(short)} exited normally with fewer collectives of group {group} than "
-                 f"{fmt_ranks(more)}, which {verb(more, 'waits', 'wait')} inside the loop in {describe(call)} at "
+                 f"{fmt_ranks(more)}, which {ctx.waits(more)} inside the loop in {describe(call)} at "
                  f"{ctx.fmt(site)} ({counts})"]
     else:
-        parts = [f"{fmt_ranks(short)} {verb(short, 'waits', 'wait')} in {describe(short_call)} at "
+        parts = [f"{fmt_ranks(short)} {ctx.waits(short)} in {describe(short_call)} at "
                  f"{ctx.fmt(ctx.user_site(short[0], short_call))}, after the loop, while {fmt_ranks(more)} "
-                 f"{verb(more, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)}, inside it ({counts}): "
+                 f"{ctx.waits(more)} in {describe(call)} at {ctx.fmt(site)}, inside it ({counts}): "
                  f"{fmt_ranks(short)} issued fewer collectives in the loop"]
     if certain:
         parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran as many optimizer steps "
