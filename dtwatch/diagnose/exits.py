@@ -9,6 +9,7 @@ frame, the ring 256 bytes. Pure: no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dtwatch.diagnose.state import RankState
@@ -30,7 +31,7 @@ class Told:
     failed: bool = False  # an error ended it: an exception, or an exit status other than 0
 
 
-def tell(s: RankState, ending: dict | None, is_library: callable) -> Told:
+def tell(s: RankState, ending: dict | None, is_library: Callable[[str], bool]) -> Told:
     """How ``s`` ended (``ending`` as :meth:`Evidence.ending` gives it; ``is_library(path)`` tells library
     frames from the user's)."""
     facts = (ending or {}).get("exit") or {}
@@ -63,13 +64,14 @@ def _exception(facts: dict, reason: str) -> Raised:
     return raised(tm.group("type"), tm.group("message"), frames)
 
 
-def _user_site(frames: tuple[dict, ...] | list[dict], is_library: callable) -> tuple[dict | None, tuple[dict, ...]]:
+def _user_site(frames: tuple[dict, ...] | list[dict],
+               is_library: Callable[[str], bool]) -> tuple[dict | None, tuple[dict, ...]]:
     """The innermost frame of the user's code (the line that raised or called), and the user's frames."""
     user = tuple(f for f in frames if f.get("file") and not is_library(str(f["file"])))
     return (dict(user[0]) if user else None), user
 
 
-def _exit_call(facts: dict, is_library: callable) -> Told:
+def _exit_call(facts: dict, is_library: Callable[[str], bool]) -> Told:
     code = int(facts.get("code") or 0)
     site, frames = _user_site(list(facts.get("frames") or []), is_library)
     call = f"{facts['how']}({facts.get('argument', code)})"

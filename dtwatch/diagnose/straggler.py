@@ -244,6 +244,8 @@ class StragglerWatch:
 
 
 def straggler_finding(v: Verdict, again: Verdict, lags: EntryLags, now: float, held: float, looks: int) -> Finding:
+    if v.rank is None:
+        raise ValueError("a verdict that names no rank is no straggler")
     stepped = lags.stepped
     unit = "training steps" if stepped else "collectives"
     step_text = (f"a step takes {v.step * 1000:.0f} ms" if stepped and v.step else

@@ -74,7 +74,7 @@ def exception_summary(exc_type: type[BaseException], exc: BaseException, tb: Tra
 
 def call_frames(frame: FrameType | None) -> list[dict[str, Any]]:
     """A call stack (innermost first) as the exit file keeps frames."""
-    out = []
+    out: list[dict[str, Any]] = []
     while frame is not None and len(out) < MAX_FRAMES:
         out.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
         frame = frame.f_back

@@ -393,7 +393,8 @@ class Recorder:
         # Collectives issued while the loop ran: torch's sequence numbers of every group (those issued
         # from C++ included), or the calls recorded from Python (p2p on NCCL, groups without a number).
         issued = max(sum(max(0, q - seqs0.get(g, 0)) for g, q in seqs.items()), py - py0, 0)
-        run.ring.set_loader_end(entry.slot, run.epoch, issued)
+        if run.ring is not None:
+            run.ring.set_loader_end(entry.slot, run.epoch, issued)
 
     def loader_clock(self) -> tuple[int, dict[int, int], int]:
         """Where this rank's collectives stand, read when a DataLoader epoch starts and when its loop ends

@@ -226,14 +226,15 @@ def _reason(e: Exception) -> str:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def _check_types(obj: Any, where: str) -> None:
     """Every field of dataclass ``obj`` (and of the dataclasses in it) holds what its annotation says; a call
     site is a dict with a file and a line. Raises TypeError naming the first that does not."""
-    for name, tp in _hints(type(obj)).items():
+    cls: Any = type(obj)
+    for name, tp in _hints(cls).items():
         value = getattr(obj, name)
         if not _fits(value, tp):
             raise TypeError(f"{where}{name} is {type(value).__name__} {str(value)[:40]}")
@@ -254,7 +255,7 @@ def _fits(value: Any, tp: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, tp):
             return False
         _check_types(value, f"{tp.__name__} ")
