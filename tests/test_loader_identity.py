@@ -212,13 +212,20 @@ def test_an_uneven_loop_warns_only_once_it_issues_collectives():
     assert loader_evidence(first) == [] and uneven_loader_warnings(first, 200.0) == []
     ended = states_with(*[[entry(0, 3 + r, ident=7, ended=1, colls=0, epochs=2, issued_now=0)] for r in range(4)])
     assert uneven_loader_warnings(ended, 200.0) == []
-    # The same loop with an all_reduce per batch: seen at the first batch, before anybody hangs.
-    reducing = states_with(*[[entry(0, 6 if r != 1 else 4, ident=7, issued_now=1)] for r in range(4)])
+    # One collective at the loop's first batch (DDP broadcasting buffers in an evaluation loop's first forward)
+    # is no collective per batch: silent while it runs, and once a rank ended it with fewer than its batches.
+    buffers = states_with(*[[entry(0, 24 if r != 1 else 12, ident=7, issued_now=1)] for r in range(4)])
+    assert uneven_loader_warnings(buffers, 200.0) == []
+    buffers = states_with(*[[entry(0, 24 if r != 1 else 12, ident=7, **({"ended": 1, "colls": 1} if r == 1 else
+                                                                        {"issued_now": 2}))] for r in range(4)])
+    assert uneven_loader_warnings(buffers, 200.0) == []
+    # The same loop with an all_reduce per batch: seen at the second batch, before anybody hangs.
+    reducing = states_with(*[[entry(0, 6 if r != 1 else 4, ident=7, issued_now=2)] for r in range(4)])
     (w,) = uneven_loader_warnings(reducing, 200.0)
     assert w.kind == "uneven_iterations" and w.severity == "warning" and w.ranks == [1]
     assert w.summary.startswith("DataLoader made at train.py:97 in main iterated at train.py:51 in Trainer._run_epoch "
                                 "has different lengths across ranks {'0': 6, '1': 4, '2': 6, '3': 6} and its loop "
-                                "issues collectives (while it ran: 1 on ranks 0-3): rank 1 will leave the loop early")
+                                "issues collectives (while it ran: 2 on ranks 0-3): rank 1 will leave the loop early")
     # One rank's ended epoch says so for all: rank 1 ran out of batches after 4 all_reduces.
     mixed = states_with(*[[entry(0, 6 if r != 1 else 4, ident=7, **({"ended": 1, "colls": 4} if r == 1 else
                                                                       {"issued_now": 0}))] for r in range(4)])

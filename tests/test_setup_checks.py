@@ -170,9 +170,13 @@ def test_same_shuffle_needs_an_epoch_that_never_moved():
                 f["epochs"] = [[0, 0]] * len(f["epochs"])
     f = same_shuffle(states, now)
     assert f is not None and f.ranks == [0, 1] and "set_epoch" in f.summary
+    for s in states:  # an evaluation loader (grad off or models in eval mode): its order harms nobody
+        for ld in s.setup["loaders"].values():
+            ld["train"] = False
+    assert same_shuffle(states, now) is None
     for s in states:  # shuffle=False: the same order every epoch is what was asked for
         for ld in s.setup["loaders"].values():
-            ld["shuffle"] = False
+            ld["train"], ld["shuffle"] = True, False
     assert same_shuffle(states, now) is None
 
 
@@ -200,6 +204,23 @@ def test_same_shuffle_judges_a_sampler_over_every_line_that_iterates_it():
     # set_epoch never called: both lines stay at epoch 0.
     f = same_shuffle(*peeked_before_set_epoch([0, 0], [0, 0]))
     assert f is not None and f.ranks == [0, 1] and "set_epoch" in f.summary
+
+
+def test_a_sampler_left_alone_beside_one_that_moves_is_not_a_forgotten_set_epoch():
+    # minGPT's trainer calls set_epoch on the training sampler only; the test loader's shuffling sampler stays
+    # at epoch 0, and its loop starts with gradients on (set_grad_enabled wraps each batch, not the loop).
+    states, now = healthy()
+    for s in states:
+        train = s.setup["loaders"]["0"]
+        train["sid"], train["epochs"] = 1, [[0, 0], [0, 1]]
+        stuck = copy.deepcopy(train)
+        stuck["sid"], stuck["epochs"] = 2, [[0, 0], [0, 0]]
+        s.setup["loaders"]["9"] = stuck
+    assert same_shuffle(states, now) is None
+    for s in states:  # the training sampler stuck too: set_epoch is never called
+        s.setup["loaders"]["0"]["epochs"] = [[0, 0], [0, 0]]
+    f = same_shuffle(states, now)
+    assert f is not None and f.ranks == [0, 1]
 
 
 def test_loaders_behind_one_library_line_are_compared_per_users_line():

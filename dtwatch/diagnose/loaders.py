@@ -7,7 +7,9 @@ it has no partner. An evaluation loop without a collective inside it hangs nobod
 every rank meets the collective after it (an ``all_gather_object`` of the metrics) when it gets there.
 What the recorder tells (per rank and loader, :mod:`dtwatch.diagnose.state`): the collectives the rank
 issued while the latest ended epoch's loop ran, and those seen so far in an epoch still running. While no
-rank has issued one in the loop (its first epoch has just started, or its loop has none), nothing is said.
+rank has issued two in the loop (its first epoch has just started, or its loop has none but DDP's buffer
+broadcast at the first forward), or once a rank ended the loop with fewer collectives than batches (not one
+per batch), nothing is said.
 """
 from __future__ import annotations
 
@@ -51,6 +53,20 @@ def not_per_batch(per_rank: dict[int, dict]) -> bool:
                for v in by_epoch.values())
 
 
+IN_LOOP = 2
+"""Collectives a rank must have issued in the loop before its lengths are said to hang anybody: one alone
+is what a loop without collectives of its own issues at its first batch (DDP broadcasting the module's
+buffers in the first forward of an evaluation loop)."""
+
+
+def fewer_than_batches(per_rank: dict[int, dict]) -> bool:
+    """A rank ran an epoch's loop to its end with fewer collectives than it had batches: the loop does not
+    issue one per batch (one at its start, or every few batches), so the others' extra batches need not
+    meet a collective the short rank no longer makes."""
+    return any(ld.get("ident") and ld.get("ended") and int(ld.get("colls") or 0) < int(ld["length"])
+               for ld in per_rank.values())
+
+
 def loader_evidence(states: list[RankState]) -> list[dict]:
     """DataLoaders (see :func:`loader_key`) whose latest lengths differ across ranks and whose loop issues
     collectives on some rank (or whose rings do not say: written before that was recorded)."""
@@ -65,9 +81,9 @@ def loader_evidence(states: list[RankState]) -> list[dict]:
         if len(set(lengths.values())) < 2:
             continue
         issued = {r: n for r, n in ((r, loop_issued(ld)) for r, ld in per_rank.items()) if n is not None}
-        if issued and not any(issued.values()):
-            continue  # no rank issued a collective while this loop ran: nobody waits on anybody in it
-        if not_per_batch(per_rank):
+        if issued and max(issued.values()) < IN_LOOP:
+            continue  # not a collective per batch (none, or DDP's buffer broadcast at the first forward)
+        if not_per_batch(per_rank) or fewer_than_batches(per_rank):
             continue
         shortest = min(lengths.values())
         some = next(iter(per_rank.values()))

@@ -221,14 +221,21 @@ def same_shuffle(states: list[RankState], now: float) -> Finding | None:
     iterates it: a peek at the first batch before ``set_epoch`` (the tutorials' ``next(iter(loader))``)
     sees the previous epoch at each epoch's start, but the loop after it sees the new one."""
     samplers = {s.rank: _sampler_epochs(s) for s in states}
+    # A rank that moves another sampler's epoch knows set_epoch: the one it leaves alone is one whose order
+    # does not matter (an evaluation loader whose loop starts with gradients still on).
+    knows = {r for r, by_sid in samplers.items() if any(len(seen) > 1 for seen, _ in by_sid.values())}
     for per_rank in loader_facts(states).values():
         stale = {}
         for r, (f, _) in per_rank.items():
+            if r in knows:
+                continue
             epochs = [tuple(e) for e in f.get("epochs") or []]
             sid = f.get("sid")
             seen, every_line_twice = samplers[r][sid] if sid is not None else (set(epochs), True)
+            # An evaluation loader's fixed order harms nobody: only loaders that fed training (grad on, models
+            # in train mode at the epoch's start) are judged.
             if f.get("dist") and f.get("shuffle") and int(f.get("iters") or 0) >= 2 and len(epochs) >= 2 \
-                    and len(seen) == 1 and every_line_twice:
+                    and len(seen) == 1 and every_line_twice and f.get("train") is not False:
                 stale[r] = f
         if stale:
             ranks = sorted(stale)
