@@ -106,3 +106,14 @@ def test_errors_that_differ_only_in_numbers_are_the_same():
     b = Told("raised X", None, error="RuntimeError: Connection closed by peer [127.0.0.1]:61123.")
     c = Told("raised X", None, error="RuntimeError: Connection reset by peer")
     assert same_error(a, b) and not same_error(a, c)
+
+
+def test_an_error_exit_while_handling_a_peers_death_is_not_the_root():
+    # A runner that turns every error into sys.exit(1) also turns "Connection reset by peer" into one: that
+    # rank ended because a peer did, as a rank that raised the peer error itself.
+    fx = fixture("exit_runner_sys_exit_1")
+    handling = fx["endings"]["2"]["exit"]["handling"]
+    [f] = diagnose_fixture(fx)
+    assert f.ranks == [2] and f.kind == "rank_exited"
+    handling["type"], handling["message"] = "RuntimeError", "[pair.cc:537] Read error: Connection reset by peer"
+    assert all(not (f.kind == "rank_exited" and f.ranks == [2]) for f in diagnose_fixture(fx))

@@ -153,14 +153,19 @@ def _end_time(s: RankState) -> float:
     return s.exit_time or s.heartbeat_time
 
 
-def _secondary(s: RankState) -> bool:
-    return s.exit_state == "exception" and any(w in s.exit_reason.lower() for w in PEER_ERRORS)
+def _secondary(ctx: Context, s: RankState) -> bool:
+    """Ended on a peer's death: it raised a peer error ("Connection closed by peer", a timeout), or exited
+    with an error status while handling one (a runner that turns errors into ``sys.exit(1)``)."""
+    if s.exit_state == "exception" or (s.exit_state == "exited" and s.exit_code):
+        error = ctx.told(s).error.lower() or s.exit_reason.lower()
+        return any(w in error for w in PEER_ERRORS)
+    return False
 
 
 def _roots(ctx: Context, ended: list[RankState]) -> list[int]:
     """The ranks whose end started it: a raise, else a fatal signal recorded (not SIGTERM), else the
     earliest silent death. Ranks that ended later by SIGTERM or silently are the launcher's teardown."""
-    crashed = [s for s in ended if not s.clean_exit and not _secondary(s)]
+    crashed = [s for s in ended if not s.clean_exit and not _secondary(ctx, s)]
     if not crashed:
         return []
     raised = [s for s in crashed if s.exit_state in ("exception", "exited")]  # an error, or an exit status
@@ -205,13 +210,13 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
             f = every_rank_failed(ctx)
             return [f] if f is not None else []
         others = [s.rank for s in states if s.rank not in roots]
-        torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(s) and s.exit_state != "exited")
+        torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(ctx, s) and not s.clean_exit)
         extra = f"{fmt_ranks(torn)} then ended too (the launcher's teardown)" if torn else ""
         return [_crashed_past_loop(ctx, r, others, extra) or exited(ctx, r, others, extra) for r in roots]
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")
-    failed = [s.rank for s in states if _secondary(s)]
+    failed = [s.rank for s in states if _secondary(ctx, s)]
     if clean and failed:
-        reasons = {s.rank: ctx.told(s).error for s in states if _secondary(s)}
+        reasons = {s.rank: ctx.told(s).error for s in states if _secondary(ctx, s)}
         extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
         f = beyond_clean_exit(ctx, clean, failed) or uneven(ctx, clean, failed, positions_known=False, exited=True)
         if f:
