@@ -116,4 +116,8 @@ def test_an_error_exit_while_handling_a_peers_death_is_not_the_root():
     [f] = diagnose_fixture(fx)
     assert f.ranks == [2] and f.kind == "rank_exited"
     handling["type"], handling["message"] = "RuntimeError", "[pair.cc:537] Read error: Connection reset by peer"
-    assert all(not (f.kind == "rank_exited" and f.ranks == [2]) for f in diagnose_fixture(fx))
+    rank0 = next(s for s in fx["states"] if s["rank"] == 0)  # the peer that died: gloo aborted it
+    rank0.update(alive=False, exit_state="running")
+    fx["endings"]["0"] = {"signal": "SIGABRT", "text": "Fatal Python error: Aborted", "frames": []}
+    [f] = diagnose_fixture(fx)
+    assert f.kind == "rank_exited" and f.ranks == [0] and f.summary.startswith("rank 0 was aborted (SIGABRT")
