@@ -300,11 +300,11 @@ def test_healthy_job_on_a_loaded_machine_raises_no_straggler_warning(tmp_path, m
 def test_injected_straggler_on_a_loaded_machine_is_named(tmp_path):
     # Rank 1's input pipeline is 30 % of its own step time slower every step (steps of ~100 ms), with both
     # cores saturated.
-    job, started = run_loaded(tmp_path, "ddp", 2, 25, {"STEP_MS": "100", "SLOW_RANK": "1", "SLOW_FRACTION": "0.3"})
+    job, started = run_loaded(tmp_path, "ddp", 2, 30, {"STEP_MS": "100", "SLOW_RANK": "1", "SLOW_FRACTION": "0.3"})
     found = warnings_of(job)
     assert [w["ranks"] for w in found] == [[1]], found
     w = found[0]
-    assert w["detected"] - started < 40, w  # well within a minute of the job's start (~6 s of it start-up)
+    assert w["detected"] - started < 45, w  # within a minute of the launch (start-up takes 5-10 s of it)
     assert 0.02 <= w["details"]["straggler_lag_s"] <= 0.06
     assert re.search(r"rank 1 was the last to issue the collectives of group 0 in \d+ of the last \d+ training steps",
                      w["summary"])

@@ -17,7 +17,8 @@ A warning that fires on scheduling noise gets dtwatch switched off, so the rule 
    rank's sequence clock rather than a Python-issued call's own entry time: two samplers' phases alone
    differ by up to one interval); ``MIN_FRACTION`` of a step (smaller asymmetries, such as rank 0's
    logging, are normal); ``NOISE_FACTOR`` times the scatter of the leads, every rank's around its own
-   median (1.4826 x the pooled median absolute deviation). And *d* must be less than a step (less one
+   median (1.4826 x the pooled median absolute deviation; it includes the clocks' own scatter, which
+   ``MIN_LAG_CLOCK`` covers). And *d* must be less than a step (less one
    clock interval for clock times): a rank steadily *d* later than the others makes every step at least
    *d* long, so a longer lead is a measurement artefact (a sampler thread starved of CPU), not a
    straggler.
@@ -44,7 +45,7 @@ MIN_LAG = 0.010  # s: the smallest median lead named, between exact entry times
 CLOCK_INTERVAL = 0.010  # s: the ranks' sequence clocks are read every 10 ms (a time from one is up to that late)
 MIN_LAG_CLOCK = 2 * CLOCK_INTERVAL  # s: the smallest median lead named when a compared time comes from a clock
 MIN_FRACTION = 0.15  # of a step: the smallest median lead named
-NOISE_FACTOR = 2.5  # the median lead is at least this many times the ranks' scatter
+NOISE_FACTOR = 2.0  # the median lead is at least this many times the ranks' scatter
 HOLD = 5.0  # s: the same rank named at every look for this long before the warning
 
 
