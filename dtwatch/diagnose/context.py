@@ -328,7 +328,10 @@ class Context:
         # A C++-issued call some member never issued cannot have completed: the rank waited in it (and a rank
         # that ended since waited in it until it failed on the lost peer).
         cpp = cpp_blocked_call(s, self.by_rank)
-        return Position(rank, "blocked", cpp, s.main_site) if cpp is not None else None
+        if cpp is not None:
+            return Position(rank, "blocked", cpp, s.main_site)
+        # A rank that ended since: its latest call is the one it failed in (a peer error raised inside it).
+        return p if s.gone and p is not None and p.call is not None else None
 
     def ending(self, rank: int) -> dict | None:
         """What the rank's process wrote as it ended (:meth:`Evidence.ending`), read once."""

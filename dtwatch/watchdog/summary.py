@@ -136,13 +136,29 @@ def encode_states(node: str, states: list[RankState], now: float, *, heartbeats:
             sites.ref(s.main_top_site),
             _t(s.main_site_since, now), [sites.ref(f) for f in s.main_stack[:MAIN_STACK_KEPT]],
             [[ld.get("index"), sites.ref(ld.get("site")), ld.get("length"), ld.get("epochs"),
-              _t(ld.get("time") or 0.0, now), ld.get("step"), sites.ref(ld.get("user_site"))] for ld in s.loaders],
+              _t(ld.get("time") or 0.0, now), ld.get("step"), sites.ref(ld.get("user_site"))]
+             + ([ld["ident"], sites.ref(ld.get("made_site")), ld.get("ended"), ld.get("colls"), ld.get("issued_now")]
+                if ld.get("ident") else []) for ld in s.loaders],
             _t(s.last_activity, now), s.stack_signal, s.device_index, s.gpu_uuid,
             [_t(t, now) for t in s.step_times[-STEP_HISTORY_KEPT:]], s.step_seqs[-STEP_HISTORY_KEPT:],
             groups, [_call(c, sites, now) for c in s.open_calls], s.setup or None, s.exit_code,
         ])
     doc = {"format": FORMAT, "node": node, "time": now, "sites": sites.table, "ranks": ranks}
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+
+
+def _unloader(table: list, base: float, v: list) -> dict:
+    """One loader of an encoded rank: the ring's fields, and where loaders are told apart (``ident``) where
+    it was made and what its loop issued (see :func:`dtwatch.diagnose.state._loaders`)."""
+    idx, si, length, epochs, t, lstep, user, *told = v
+    ld = {"index": idx, "site": _deref(table, si), "length": length, "epochs": epochs, "time": _ut(t, base),
+          "step": lstep, "user_site": _deref(table, user)}
+    if told:
+        ident, made, ended, colls, issued_now = told
+        ld.update(ident=ident, made_site=_deref(table, made), ended=ended, colls=colls)
+        if issued_now is not None:
+            ld["issued_now"] = issued_now
+    return ld
 
 
 @dataclass
@@ -194,9 +210,7 @@ def decode_states(data: bytes, ranks: set[int] | None = None) -> NodeStates:
             groups=gp, open_calls=[_uncall(c, table, base) for c in open_calls], main_site=_deref(table, main_i),
             main_top_site=_deref(table, top_i), main_site_since=_ut(since, base),
             main_stack=[s for s in (_deref(table, i) for i in stack) if s is not None],
-            loaders=[{"index": idx, "site": _deref(table, si), "length": length, "epochs": epochs,
-                      "time": _ut(t, base), "step": lstep, "user_site": _deref(table, user[0]) if user else None}
-                     for idx, si, length, epochs, t, lstep, *user in loaders],
+            loaders=[_unloader(table, base, v) for v in loaders],
             last_activity=_ut(last_activity, base), stack_signal=stack_signal, device_index=device_index,
             gpu_uuid=gpu_uuid, ring_path="", step_times=[_ut(t, base) for t in step_times], step_seqs=list(step_seqs),
             setup=setup or {}, exit_code=int(more[0]) if more else 0,
