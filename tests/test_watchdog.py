@@ -121,20 +121,21 @@ def test_subgroup_collective_skipped_by_a_member(tmp_path, backend):
 
 
 @pytest.mark.timeout(150)
-def test_uneven_iterations_warned_at_epoch_start_and_diagnosed(tmp_path, backend):
+def test_uneven_iterations_warned_before_the_hang_and_diagnosed(tmp_path, backend):
     with incident(tmp_path, "uneven_ddp", 2, backend) as (job, index):
         f = stall(index)
         assert f["kind"] == "uneven_iterations"
         assert f["ranks"] == [1]
         loader = f["details"]["loaders"][0]
-        assert loader["lengths"] == {"0": 6, "1": 4}
+        assert loader["lengths"] == {"0": 8, "1": 6}
         assert loader["site"]["line"] == site_line("loader_loop")
         # Rank 0 waits in DDP's gradient all_reduce, issued from C++; the Flight Recorder names it.
         assert f["waiting_ranks"] == [0]
         assert f["waiting_op"] == "all_reduce"
         assert f["waiting_site"]["line"] == site_line("backward")
         assert "1" in f["details"]["issued_from_cpp"] or "0" in f["details"]["issued_from_cpp"]
-        # The warning came at the start of the epoch, long before the hang.
+        # The warning came once the loop had issued collectives per batch (its second batch), seconds before
+        # the hang (rank 1 has 6 batches of 0.3 s).
         warnings = [e for e in job.events() if e["event"] == "warning" and e["kind"] == "uneven_iterations"]
         assert warnings and warnings[0]["ranks"] == [1]
         assert warnings[0]["detected"] < job.onset() - 0.5

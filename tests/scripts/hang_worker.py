@@ -163,7 +163,7 @@ def main() -> None:
         # A per-rank data filter leaves rank 1 with fewer batches: it leaves the loop first and waits at
         # the post-loop barrier while the others wait in DDP's gradient all_reduce (issued from C++).
         model, opt = model_and_opt()
-        n = 6 * 8 if rank != 1 else 4 * 8
+        n = 8 * 8 if rank != 1 else 6 * 8
         loader = DataLoader(TensorDataset(torch.randn(n, 16) + rank), batch_size=8)  # site:loader
         for (batch,) in loader:  # site:loader_loop
             time.sleep(0.3)
