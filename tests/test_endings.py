@@ -121,3 +121,15 @@ def test_an_error_exit_while_handling_a_peers_death_is_not_the_root():
     fx["endings"]["0"] = {"signal": "SIGABRT", "text": "Fatal Python error: Aborted", "frames": []}
     [f] = diagnose_fixture(fx)
     assert f.kind == "rank_exited" and f.ranks == [0] and f.summary.startswith("rank 0 was aborted (SIGABRT")
+
+
+def test_a_rank_that_failed_inside_a_cpp_issued_call_on_a_peers_death_names_its_line():
+    # Ranks 0, 2 and 3 waited in DDP's all-reduce (issued from C++) until rank 1's exit closed the
+    # connection: the traceback of that peer error is where the call was, loss.backward().
+    [f] = diagnose_fixture(fixture("exit_ddp_unused_parameters"))
+    assert f.waiting_ranks == [0, 2, 3] and f.waiting_op == "cpp_collective"
+    assert "loss.backward()" in f.waiting_site["source"]
+    assert "waited in a collective issued from C++ (DDP/FSDP) (group 0, seq 8) at tests/scenarios/exited.py" \
+        in f.summary
+    # counter-case: the culprit raised its own error, not a peer's: its last C++ call gets no line from it
+    assert "its last collective was a collective issued from C++ (DDP/FSDP) (group 0, seq 7);" in f.summary

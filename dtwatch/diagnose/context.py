@@ -11,7 +11,7 @@ from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.exits import Told, tell
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
 from dtwatch.diagnose.loaders import loader_evidence
-from dtwatch.diagnose.model import Finding, Position
+from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
@@ -143,6 +143,13 @@ class Context:
         if s.main_site and (spans or waits):
             stack = list(s.main_stack) or [s.main_site]
             return stack[0]
+        if s.gone and s.exit_state in ("exception", "exited"):
+            # It failed inside its last collective on a peer's death ("Connection closed by peer"): the line
+            # of the user's code its error was raised under is that call's.
+            told, last = self.told(s), self.last_call(rank)
+            if told.frames and last is not None and (last.group, last.seq) == (call.group, call.seq) \
+                    and any(w in told.error.lower() for w in PEER_ERRORS):
+                return dict(told.frames[0])
         if not s.gone and self.pos.get(rank) is not None and self.pos[rank].call is call:
             frames = [f for f in (self.ev.stack(rank) or []) if not is_library_path(str(f.get("file", "")))]
             if frames:
