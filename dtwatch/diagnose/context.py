@@ -19,7 +19,6 @@ from dtwatch.record.callsite import is_user_file
 
 P2P = ("send", "recv", "isend", "irecv")
 MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
-_AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)
 
 
 def is_library_path(path: str) -> bool:
@@ -379,19 +378,6 @@ def fr_frames(entry: dict) -> list[dict]:
         if m:
             out.append({"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function")})
     return out
-
-
-def _strip_location(reason: str) -> str:
-    m = _AT_LINE.match(reason or "")
-    return m.group("reason") if m else (reason or "")
-
-
-def exception_site(s: RankState) -> dict | None:
-    """The line an exception was raised at, from the exit reason ("... at FILE:LINE")."""
-    m = _AT_LINE.match(s.exit_reason or "")
-    if not m:
-        return None
-    return {"file": m.group("file"), "line": int(m.group("line"))}
 
 
 def with_cpp_entries(ctx: Context, findings: list[Finding]) -> list[Finding]:
