@@ -37,7 +37,7 @@ def tell(s: RankState, ending: dict | None, is_library: Callable[[str], bool]) -
     facts = (ending or {}).get("exit") or {}
     how = facts.get("how")
     if s.exit_state == "exception":
-        told = _exception(facts, s.exit_reason) if how == "exception" else _exception({}, s.exit_reason)
+        told = _exception(facts if how == "exception" else {}, s.exit_reason)
         site, frames = _user_site(told.frames, is_library)
         return Told(f"raised {told.text()}", site, frames, told.text(), failed=True)
     if s.exit_state == "exited" and how in ("sys.exit", "os._exit"):
