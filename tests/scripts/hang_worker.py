@@ -67,8 +67,11 @@ def wrapper_library():
 
     path = os.path.join(os.environ["DTWATCH_DIR"], "site-packages", "metricslib", "__init__.py")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    # Every rank writes it: each to its own file, renamed into place, so no rank ever reads a half-written one.
+    partial = f"{path}.{os.getpid()}"
+    with open(partial, "w") as f:
         f.write("import torch.distributed as dist\n\n\ndef log_metric(x):\n    dist.all_reduce(x)\n")
+    os.replace(partial, path)
     spec = importlib.util.spec_from_file_location("metricslib", path)
     lib = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lib)
