@@ -204,6 +204,10 @@ class Config:
     batch_fingerprint: bool = True
     """Hash the first batch of a DataLoader's first training epochs (its leading bytes, in a background thread)
     so the watchdog can tell ranks that train on the same data (the ``same_data`` check); off: no batch is read."""
+    collective_hooks: str = "auto"
+    """``auto``: on torch >= 2.14, also record the collectives no ``torch.distributed`` Python function issued
+    (functional collectives, tensor parallel, compiled graphs, DDP's reducer) from torch's collective hooks;
+    ``off``: the wrapper only (such calls are then seen as sequence numbers, named from a Flight Recorder dump)."""
     allow_ptrace: bool = False
     """Let any process of the same user ptrace this rank (``PR_SET_PTRACER_ANY``), so a watchdog sidecar's
     py-spy works on hosts with Yama ``ptrace_scope=1``. Linux only; off by default."""
@@ -262,6 +266,8 @@ OPTIONS: dict[str, Option] = {
     "watchdog_args": _text("DTWATCH_WATCHDOG_ARGS", "watchdog command-line arguments", lambda v: True),
     "batch_fingerprint": Option("DTWATCH_BATCH_FINGERPRINT", parse_bool, _is_bool, "1/0, true/false"),
     "allow_ptrace": Option("DTWATCH_ALLOW_PTRACE", parse_bool, _is_bool, "1/0, true/false"),
+    "collective_hooks": Option("DTWATCH_COLLECTIVE_HOOKS", str.lower, lambda v: v in ("auto", "off"),
+                               "'auto' or 'off'"),
 }
 
 ENABLED = Option(ENV_ENABLED, parse_bool, _is_bool, "1/0, true/false")

@@ -85,6 +85,7 @@ def install(**options: Any) -> bool:
             if getattr(dist, name, None) is original:
                 _patch(rec, dist, name, wrapper)
         _patch_lifecycle(rec)
+        _patch_group_creation(rec)
         _patch_iteration(rec)
         try:
             from dtwatch.record.wraps import start_setup_facts
@@ -134,6 +135,8 @@ def uninstall() -> bool:
         atexit.unregister(rec.on_exit)
         rec.signal_files.remove()
         rec.detach()
+        if rec.hooks is not None:
+            rec.hooks.remove_all()
         if rec.setup is not None:
             rec.setup.close()
         if rec.ring is not None:
@@ -223,6 +226,28 @@ def _patch_lifecycle(rec: Recorder) -> None:
             return result
 
         _patch(rec, c10d, "_update_default_pg", _update_default_pg)
+
+
+def _patch_group_creation(rec: Recorder) -> None:
+    """Where torch calls its collective hooks (:mod:`dtwatch.record.hooks`), put them on every new process
+    group as c10d registers it, before its first collective: a tensor-parallel mesh's groups may see only
+    functional collectives, which no wrapper records."""
+    hooks = rec.hooks
+    c10d = dist.distributed_c10d
+    original = getattr(c10d, "_register_process_group", None)
+    if hooks is None or original is None:
+        return
+
+    @functools.wraps(original)
+    def _register_process_group(group_name: Any, pg: Any) -> Any:
+        result = original(group_name, pg)
+        try:
+            hooks.add(pg)
+        except Exception as exc:  # noqa: BLE001
+            rec.fail("adding the collective hooks to a new process group", exc)
+        return result
+
+    _patch(rec, c10d, "_register_process_group", _register_process_group)
 
 
 def _patch_exits(rec: Recorder) -> None:

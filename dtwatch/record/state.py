@@ -36,6 +36,8 @@ from dtwatch.record.attaching import DefaultGroupPoll, UnattachedProbe
 from dtwatch.record.callsite import SiteTable, site_file
 from dtwatch.record.completion import completion_source, forget_all
 from dtwatch.record.endings import SignalFiles, exception_facts, exception_summary, write_exit_facts
+from dtwatch.record.hooks import CollectiveHooks
+from dtwatch.record.hooks import available as hooks_available
 from dtwatch.record.inflight import PendingWork, TrackedGroup, poll_tracked
 from dtwatch.record.sampler import SampledGroup, Sampler
 from dtwatch.record.samplers import LoaderMakes, LoaderRun, LoaderSlot
@@ -122,6 +124,10 @@ class Recorder:
         self.rank = -1  # this process's rank in the default group (from attach on)
         self.pid = os.getpid()  # a forked child (a DataLoader worker) has another: its exits are not ours
         self.exit_call: dict | None = None  # the latest sys.exit() of this process (its atexit tells it)
+        # torch's collective hooks on every group, where this torch has them and they are not switched off
+        self.hooks: CollectiveHooks | None = (
+            CollectiveHooks(self) if config.collective_hooks == "auto" and hooks_available() else None
+        )
 
     # -- failure policy -----------------------------------------------------------------------------
     def fail(self, what: str, exc: BaseException | None = None) -> None:
@@ -263,7 +269,9 @@ class Recorder:
             self.groups[pg] = entry
             if slot >= 0:
                 self.group_list.append((slot, pg, seqfn))
-            return entry
+        if self.hooks is not None:
+            self.hooks.add(pg)
+        return entry
 
     def forget_group(self, pg: Any) -> None:
         """``pg`` (not the default group) is being destroyed: stop sampling and tracking it."""
@@ -272,6 +280,8 @@ class Recorder:
             if entry is not None:
                 self.group_list = [g for g in self.group_list if g[1] is not pg]
                 self.tracked = [t for t in self.tracked if t is not entry[2]]
+        if self.hooks is not None:
+            self.hooks.remove(pg)
 
     # -- what the sampler uses (dtwatch.record.sampler.SamplerHost) --------------------------------------
     def sampled_groups(self) -> list[SampledGroup]:

@@ -16,12 +16,12 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dtwatch.ops import NOTHING, OBJECT, P2P_OPS, TENSOR, OpSpec
-from dtwatch.record.state import Recorder
 from dtwatch.ring import (
     DTYPE_CODES,
     FLAG_ASYNC,
@@ -37,11 +37,14 @@ from dtwatch.ring import (
     STATUS_OK,
 )
 
-_DTYPE_CODES: dict[torch.dtype, int] = {}
+if TYPE_CHECKING:
+    from dtwatch.record.state import Recorder
+
+DTYPE_CODES_BY_TORCH: dict[torch.dtype, int] = {}  # torch's dtypes -> the ring's codes
 for _name, _code in DTYPE_CODES.items():
     _dt = getattr(torch, _name, None)
     if isinstance(_dt, torch.dtype):
-        _DTYPE_CODES[_dt] = _code
+        DTYPE_CODES_BY_TORCH[_dt] = _code
 
 
 def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
@@ -56,7 +59,7 @@ def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> C
     # (it blocks the CPU on NCCL too) and object collectives (they copy the result to the CPU, which
     # synchronises). Synchronous p2p ops are stamped when they return: their completion is not tracked.
     tracked_sync = not (is_p2p or flags & FLAG_OBJECT or spec.name in ("barrier", "monitored_barrier"))
-    tls, groups, dtypes = rec.tls, rec.groups, _DTYPE_CODES
+    tls, groups, dtypes = rec.tls, rec.groups, DTYPE_CODES_BY_TORCH
     entries, exit_pack, now, getframe = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time, sys._getframe
 
     @functools.wraps(original)
@@ -160,3 +163,10 @@ def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> C
 
     dtwatch_recorded.__dtwatch_original__ = original  # type: ignore[attr-defined]  # mypy: no attributes on functions
     return dtwatch_recorded
+
+
+# Every wrapper runs this one code object: a frame running it is a call the wrapper records (what the
+# collective hooks check, dtwatch.record.hooks).
+WRAPPER_CODE: CodeType = next(
+    c for c in make_wrapper.__code__.co_consts if isinstance(c, CodeType) and c.co_name == "dtwatch_recorded"
+)

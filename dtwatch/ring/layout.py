@@ -278,6 +278,7 @@ SEQ_CLOCK_BYTES = SEQ_CLOCK_HEAD.size + SEQ_CLOCK_ENTRIES * SEQ_CLOCK.size
 FLAG_ASYNC = 1  # async_op=True, or always asynchronous (isend)
 FLAG_MARKER = 16  # not a collective: a step marker
 FLAG_ENQUEUED = 32  # a synchronous call that returned before its work completed (NCCL): see the group's completed_seq
+FLAG_HOOKED = 64  # recorded by torch's collective hook: issued without a torch.distributed Python call
 
 STATUS_IN_FLIGHT, STATUS_OK, STATUS_ERROR = 0, 1, 2
 

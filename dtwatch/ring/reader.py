@@ -31,6 +31,7 @@ from dtwatch.ring.layout import (
     FACTS_OFFSET,
     FLAG_ASYNC,
     FLAG_ENQUEUED,
+    FLAG_HOOKED,
     FLAG_MARKER,
     GROUP,
     GROUP_SIZE,
@@ -194,6 +195,12 @@ class Record:
     @property
     def is_marker(self) -> bool:
         return bool(self.flags & FLAG_MARKER)
+
+    @property
+    def hooked(self) -> bool:
+        """Recorded by torch's collective hook: issued without a ``torch.distributed`` Python call (a functional
+        collective, a compiled graph, DDP's reducer)."""
+        return bool(self.flags & FLAG_HOOKED)
 
     @property
     def last_seq(self) -> int:
@@ -508,7 +515,7 @@ def _live_error(data: bytes | memoryview, st: dict, live: dict) -> str:
     return f"{bad[0]} is not a number" if bad else ""
 
 
-_KNOWN_FLAGS = FLAG_ASYNC | FLAG_OBJECT | FLAG_P2P | FLAG_COALESCED | FLAG_MARKER | FLAG_ENQUEUED
+_KNOWN_FLAGS = FLAG_ASYNC | FLAG_OBJECT | FLAG_P2P | FLAG_COALESCED | FLAG_MARKER | FLAG_ENQUEUED | FLAG_HOOKED
 _DIMS = np.arange(4)  # dims past a record's ndim are zero; so are the bytes of its padding and reserved fields
 _ZERO_SPANS = [(RECORD.offset(f.name), RECORD.offset(f.name) + f.size) for f in RECORD.fields if f.is_padding]
 

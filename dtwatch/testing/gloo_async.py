@@ -254,11 +254,35 @@ class GlooAsyncGroup(ProcessGroup):
         self._completions: _Completions | None = None
         self._group_name = cast("GroupName", "")
         self._group_desc = ""
+        # Collective hooks (torch >= 2.14 calls them from its dispatcher, which a Python group bypasses):
+        # hook id -> callable, called by _issue as the dispatcher calls a C++ group's.
+        self._pre_hooks: dict[int, Callable[[Any], None]] = {}
+        self._post_hooks: dict[int, Callable[[Any], None]] = {}
+
+    # -- collective hooks, as the c10d dispatcher calls them for C++ groups ------------------------
+    def register_pre_hook(self, hook_id: int, hook: Callable[[Any], None]) -> None:
+        self._pre_hooks[hook_id] = hook
+
+    def register_post_hook(self, hook_id: int, hook: Callable[[Any], None]) -> None:
+        self._post_hooks[hook_id] = hook
+
+    def unregister_pre_hook(self, hook_id: int) -> None:
+        self._pre_hooks.pop(hook_id, None)
+
+    def unregister_post_hook(self, hook_id: int) -> None:
+        self._post_hooks.pop(hook_id, None)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _issue(self, op: str, run: Callable[[], Work | _AllOf], *, collective: bool = True,
-               blocking: bool = False) -> EnqueuedWork:
+               blocking: bool = False, inputs: list[Tensor] | tuple[Tensor, ...] = (), root: int = -1) -> EnqueuedWork:
+        hooked = _HOOK_NAMES.get(op) if self._pre_hooks or self._post_hooks else None
         with self._lock:  # one issuing order per group, as on a CUDA stream
+            if hooked is not None:
+                # torch's dispatcher passes the call's async_op; to the CPU every NCCL collective but a
+                # barrier is asynchronous, so this backend says so.
+                hook_args = _HookArgs(hooked, self._seq, op != "barrier", list(inputs), root)
+                for hook in list(self._pre_hooks.values()):
+                    hook(hook_args)
             inner = run()
             blocking = blocking or getattr(_local, "in_object_collective", False)
             work = EnqueuedWork(inner, blocking)
@@ -279,6 +303,10 @@ class GlooAsyncGroup(ProcessGroup):
 
         self._completions.queue.put((inner, on_done))
         _remember(work)
+        if hooked is not None:
+            hook_args.work = work
+            for hook in list(self._post_hooks.values()):
+                hook(hook_args)
         if blocking:
             work.block()
         return work
@@ -341,36 +369,40 @@ class GlooAsyncGroup(ProcessGroup):
     # -- collectives ----------------------------------------------------------------------------
     def allreduce(  # type: ignore[override]  # the (tensors, opts) form only: see the class doc
             self, tensors: list[Tensor], opts: dist.AllreduceOptions | None = None) -> EnqueuedWork:
-        return self._issue("allreduce", lambda: self._gloo.allreduce(tensors, opts or dist.AllreduceOptions()))
+        return self._issue("allreduce", lambda: self._gloo.allreduce(tensors, opts or dist.AllreduceOptions()),
+                           inputs=tensors)
 
     def allreduce_coalesced(self, tensors: list[Tensor],
                             opts: dist.AllreduceCoalescedOptions | None = None) -> EnqueuedWork:
         return self._issue("allreduce_coalesced", lambda: self._gloo.allreduce_coalesced(
-            tensors, opts or dist.AllreduceCoalescedOptions()))
+            tensors, opts or dist.AllreduceCoalescedOptions()), inputs=tensors)
 
     def broadcast(  # type: ignore[override]  # as allreduce
             self, tensors: list[Tensor], opts: dist.BroadcastOptions | None = None) -> EnqueuedWork:
-        return self._issue("broadcast", lambda: self._gloo.broadcast(tensors, opts or dist.BroadcastOptions()))
+        opts = opts or dist.BroadcastOptions()
+        return self._issue("broadcast", lambda: self._gloo.broadcast(tensors, opts), inputs=tensors,
+                           root=opts.rootRank)
 
     def reduce(  # type: ignore[override]  # as allreduce
             self, tensors: list[Tensor], opts: dist.ReduceOptions | None = None) -> EnqueuedWork:
-        return self._issue("reduce", lambda: self._gloo.reduce(tensors, opts or dist.ReduceOptions()))
+        opts = opts or dist.ReduceOptions()
+        return self._issue("reduce", lambda: self._gloo.reduce(tensors, opts), inputs=tensors, root=opts.rootRank)
 
     def allgather(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
             opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("allgather", lambda: self._gloo.allgather(
-            output_tensors, input_tensors, opts or AllgatherOptions()))
+            output_tensors, input_tensors, opts or AllgatherOptions()), inputs=input_tensors)
 
     def _allgather_base(self, output: Tensor, input_tensor: Tensor,
                         opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("_allgather_base", lambda: self._gloo._allgather_base(
-            output, input_tensor, opts or AllgatherOptions()))
+            output, input_tensor, opts or AllgatherOptions()), inputs=[input_tensor])
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
                             opts: AllgatherOptions | None = None) -> EnqueuedWork:
         return self._issue("allgather_coalesced", lambda: self._gloo.allgather_coalesced(
-            output_lists, input_list, opts or AllgatherOptions()))
+            output_lists, input_list, opts or AllgatherOptions()), inputs=input_list)
 
     def allgather_into_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: AllgatherOptions | None = None) -> EnqueuedWork:
@@ -379,25 +411,27 @@ class GlooAsyncGroup(ProcessGroup):
     def gather(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
             opts: dist.GatherOptions | None = None) -> EnqueuedWork:
-        return self._issue("gather", lambda: self._gloo.gather(
-            output_tensors, input_tensors, opts or dist.GatherOptions()))
+        opts = opts or dist.GatherOptions()
+        return self._issue("gather", lambda: self._gloo.gather(output_tensors, input_tensors, opts),
+                           inputs=input_tensors, root=opts.rootRank)
 
     def scatter(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
             opts: dist.ScatterOptions | None = None) -> EnqueuedWork:
-        return self._issue("scatter", lambda: self._gloo.scatter(
-            output_tensors, input_tensors, opts or dist.ScatterOptions()))
+        opts = opts or dist.ScatterOptions()
+        return self._issue("scatter", lambda: self._gloo.scatter(output_tensors, input_tensors, opts),
+                           inputs=output_tensors, root=opts.rootRank)
 
     def reduce_scatter(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
             opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("reduce_scatter", lambda: self._gloo.reduce_scatter(
-            output_tensors, input_tensors, opts or dist.ReduceScatterOptions()))
+            output_tensors, input_tensors, opts or dist.ReduceScatterOptions()), inputs=output_tensors)
 
     def _reduce_scatter_base(self, output: Tensor, input_tensor: Tensor,
                              opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("_reduce_scatter_base", lambda: self._gloo._reduce_scatter_base(
-            output, input_tensor, opts or dist.ReduceScatterOptions()))
+            output, input_tensor, opts or dist.ReduceScatterOptions()), inputs=[input_tensor])
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
@@ -430,19 +464,21 @@ class GlooAsyncGroup(ProcessGroup):
     def _coalesced(self, op: str, one: Callable[[Tensor, Tensor, _Opts], Work], outputs: list[Tensor],
                    inputs: list[Tensor], opts: _Opts) -> EnqueuedWork:
         """The coalesced variants gloo lacks: one gloo op per pair, seen as one work."""
-        return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs, strict=False)]))
+        return self._issue(op, lambda: _AllOf([one(o, i, opts) for o, i in zip(outputs, inputs, strict=False)]),
+                           inputs=inputs)
 
     def alltoall_base(  # type: ignore[override]  # as allreduce
             self, output: Tensor, input_tensor: Tensor, output_split_sizes: list[int],
             input_split_sizes: list[int], opts: dist.AllToAllOptions | None = None) -> EnqueuedWork:
         return self._issue("alltoall_base", lambda: self._gloo.alltoall_base(
-            output, input_tensor, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()))
+            output, input_tensor, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()),
+            inputs=[input_tensor])
 
     def alltoall(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[Tensor], input_tensors: list[Tensor],
             opts: dist.AllToAllOptions | None = None) -> EnqueuedWork:
         return self._issue("alltoall", lambda: self._gloo.alltoall(
-            output_tensors, input_tensors, opts or dist.AllToAllOptions()))
+            output_tensors, input_tensors, opts or dist.AllToAllOptions()), inputs=input_tensors)
 
     def barrier(  # type: ignore[override]  # as allreduce
             self, opts: dist.BarrierOptions | None = None) -> EnqueuedWork:
@@ -450,13 +486,49 @@ class GlooAsyncGroup(ProcessGroup):
 
     # -- point-to-point (NCCL numbers these apart from collectives) -------------------------------
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> EnqueuedWork:
-        return self._issue("send", lambda: self._gloo.send(tensors, dst, tag), collective=False)
+        return self._issue("send", lambda: self._gloo.send(tensors, dst, tag), collective=False, inputs=tensors,
+                           root=dst)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> EnqueuedWork:
-        return self._issue("recv", lambda: self._gloo.recv(tensors, src, tag), collective=False)
+        return self._issue("recv", lambda: self._gloo.recv(tensors, src, tag), collective=False, inputs=tensors,
+                           root=src)
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> EnqueuedWork:
         return self._issue("recv_anysource", lambda: self._gloo.recv_anysource(tensors, tag), collective=False)
+
+
+# This backend's op names -> torch's hook op names (HookOpName members, torch >= 2.14).
+_HOOK_OP_NAMES = {
+    "allreduce": "ALLREDUCE", "allreduce_coalesced": "ALLREDUCE_COALESCED", "broadcast": "BROADCAST",
+    "reduce": "REDUCE", "allgather": "ALLGATHER", "_allgather_base": "ALLGATHER_BASE",
+    "allgather_coalesced": "ALLGATHER_COALESCED", "allgather_into_tensor_coalesced": "ALLGATHER_INTO_TENSOR_COALESCED",
+    "gather": "GATHER", "scatter": "SCATTER", "reduce_scatter": "REDUCE_SCATTER",
+    "_reduce_scatter_base": "REDUCE_SCATTER_BASE", "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER_TENSOR_COALESCED",
+    "alltoall_base": "ALLTOALL_BASE", "alltoall": "ALLTOALL", "barrier": "BARRIER", "send": "SEND", "recv": "RECV",
+}
+
+
+def _hook_names() -> dict[str, Any]:
+    try:
+        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
+    except ImportError:
+        return {}
+    return {op: getattr(HookOpName, name) for op, name in _HOOK_OP_NAMES.items() if hasattr(HookOpName, name)}
+
+
+_HOOK_NAMES = _hook_names()
+
+
+class _HookArgs:
+    """What torch passes a collective hook (``PreHookArgs`` / ``PostHookArgs``: the post-hook's ``work`` set
+    once issued)."""
+
+    __slots__ = ("name", "op_id", "async_op", "input_tensors", "output_tensors", "root", "work")
+
+    def __init__(self, name: Any, op_id: int, async_op: bool, inputs: list[Tensor], root: int) -> None:
+        self.name, self.op_id, self.async_op, self.input_tensors, self.root = name, op_id, async_op, inputs, root
+        self.output_tensors: list[Tensor] = []
+        self.work: Any = None
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> GlooAsyncGroup:

@@ -1,0 +1,235 @@
+"""Collectives that no ``torch.distributed`` Python function issued, recorded from torch's collective hooks.
+
+torch >= 2.14 calls a process group's pre- and post-hooks (``ProcessGroup.register_pre_hook`` /
+``register_post_hook``) from the c10d dispatcher for every collective it issues: eager calls, functional
+collectives (DTensor, tensor parallel, ``torch.compile``d graphs, ``_c10d_functional``) and DDP's reducer.
+The wrapper (:mod:`dtwatch.record.wrapper`) sees only the first kind; without hooks the others are known
+only as a sampled sequence number, their op named later from a Flight Recorder dump.
+
+Contract. :class:`CollectiveHooks` registers one pre-hook and one post-hook on every process group the
+recorder learns of (at creation, through c10d's ``_register_process_group``; at first use; at the
+sampler's scan). The pre-hook writes the same ring record the wrapper writes (op, shape and dtype of the
+first input tensor, tensor count, root or peer, async flag, the group's sequence number, the call site and
+the user's line where the issuing thread has Python frames) plus ``FLAG_HOOKED``. It records nothing for a
+call the wrapper is recording: the frames between the hook and the first frame outside torch and dtwatch
+then include the wrapper's (all wrappers share one code object), which is also true of the calls an object
+collective or a batch of p2p ops makes internally, so nothing is counted twice. Completion: on a tracked
+group (NCCL, gloo_async) the record stays in flight until the group's completed watermark passes its
+sequence number, as a wrapped call's does; elsewhere the post-hook hands the call's ``Work`` to the
+recorder, which stamps the record when the work completes.
+
+Cost. Registering the hooks makes torch call into Python twice for every collective on the group, the
+wrapped ones included (which the pre-hook leaves after a few frame hops). ``benchmarks/overhead.py``
+measures it against the wrapper; ``Config.collective_hooks`` ("auto" / "off") chooses.
+
+Failure policy. A hook never raises into torch (which would raise into the training code): any failure
+of its own disables recording through :meth:`Recorder.fail` (one warning per process). A DDP reducer
+running on a GPU's autograd thread has no Python frames: its records carry no site (0), and the watchdog
+places the rank by its main thread, as before.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from dtwatch.ops import FLAG_COALESCED, FLAG_P2P, OP_CODES
+from dtwatch.record.callsite import INTERNAL
+from dtwatch.record.wrapper import DTYPE_CODES_BY_TORCH, WRAPPER_CODE
+from dtwatch.ring import FLAG_ASYNC, FLAG_ENQUEUED, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_SIZE, STATUS_OK
+from dtwatch.ring.layout import FLAG_HOOKED
+
+if TYPE_CHECKING:
+    from dtwatch.record.state import Recorder
+
+HOOK_ID = 0x64747700  # dtwatch's id for its pre- and post-hook on every group ("dtw\0")
+
+# torch's hook op names -> (ring op name, op flags). Ops that are not collectives (SPLIT, NEW_WINDOW,
+# UNKNOWN) are not recorded.
+_HOOK_OPS: dict[str, tuple[str, int]] = {
+    "ALLREDUCE": ("all_reduce", 0),
+    "ALLREDUCE_COALESCED": ("all_reduce_coalesced", FLAG_COALESCED),
+    "ALLGATHER": ("all_gather", 0),
+    "ALLGATHER_BASE": ("all_gather_into_tensor", 0),
+    "ALLGATHER_COALESCED": ("all_gather_coalesced", FLAG_COALESCED),
+    "ALLGATHER_INTO_TENSOR_COALESCED": ("all_gather_into_tensor_coalesced", FLAG_COALESCED),
+    "ALLTOALL": ("all_to_all", 0),
+    "ALLTOALL_BASE": ("all_to_all_single", 0),
+    "BARRIER": ("barrier", 0),
+    "BROADCAST": ("broadcast", 0),
+    "GATHER": ("gather", 0),
+    "REDUCE": ("reduce", 0),
+    "REDUCE_SCATTER": ("reduce_scatter", 0),
+    "REDUCE_SCATTER_BASE": ("reduce_scatter_tensor", 0),
+    "REDUCE_SCATTER_TENSOR_COALESCED": ("reduce_scatter_tensor_coalesced", FLAG_COALESCED),
+    "SCATTER": ("scatter", 0),
+    "SEND": ("isend", FLAG_P2P),
+    "RECV": ("irecv", FLAG_P2P),
+}
+_UNSET = object()
+
+
+def available() -> bool:
+    """Whether this torch calls process-group hooks for every collective (torch >= 2.14)."""
+    return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook") and _op_table() is not None
+
+
+def _op_table() -> dict[Any, tuple[int, int]] | None:
+    """torch's ``HookOpName`` members -> (ring op code, op flags); None where torch has no such enum."""
+    try:
+        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
+    except ImportError:
+        return None
+    table = {}
+    for name, (op, flags) in _HOOK_OPS.items():
+        member = getattr(HookOpName, name, None)
+        if member is not None:
+            table[member] = (OP_CODES[op], flags)
+    return table
+
+
+class CollectiveHooks:
+    """dtwatch's pre- and post-hook on each process group (see the module doc). Thread-safe."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.ops = _op_table() or {}
+        self.hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # groups carrying our hooks
+        self.lock = threading.Lock()
+
+    def add(self, pg: Any) -> None:
+        """Register the hooks on ``pg`` (once; a group that refuses them is recorded by the wrapper only)."""
+        with self.lock:
+            if pg in self.hooked:
+                return
+            pre, post = self._hooks_for(weakref.ref(pg))
+            try:
+                for unregister in (pg.unregister_pre_hook, pg.unregister_post_hook):
+                    try:
+                        unregister(HOOK_ID)  # a previous install's, in the same process
+                    except Exception:  # noqa: BLE001 - none registered: the usual case
+                        pass
+                pg.register_pre_hook(HOOK_ID, pre)
+                pg.register_post_hook(HOOK_ID, post)
+            except Exception:  # noqa: BLE001 - e.g. a backend without hooks: the wrapper still records its calls
+                return
+            self.hooked.add(pg)
+
+    def remove(self, pg: Any) -> None:
+        with self.lock:
+            self.hooked.discard(pg)
+            for unregister in (pg.unregister_pre_hook, pg.unregister_post_hook):
+                try:
+                    unregister(HOOK_ID)
+                except Exception:  # noqa: BLE001 - a group being torn down
+                    pass
+
+    def remove_all(self) -> None:
+        for pg in list(self.hooked):
+            self.remove(pg)
+
+    def _hooks_for(self, group_ref: Callable[[], Any]) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+        rec, ops, dtypes = self.rec, self.ops, DTYPE_CODES_BY_TORCH
+        entries, now, getframe, wrapper_code = RECORD_ENTRY_BY_NDIM, time.time, sys._getframe, WRAPPER_CODE
+        # op_id -> (record offset, stamp) of an untracked group's call, until its post-hook gives the Work.
+        waiting: dict[int, tuple[int, int]] = {}
+        members: list[Any] = [_UNSET]  # the group's global ranks, read at its first p2p op
+
+        def pre_hook(args: Any) -> None:
+            mm = rec.mm
+            if mm is None:
+                return
+            try:
+                op = ops.get(args.name)
+                if op is None:
+                    return
+                # Frames of torch (and dtwatch) between here and the code that issued the call: the wrapper's
+                # among them means the wrapper records it. None: a thread without Python frames (C++).
+                try:
+                    f: Any = getframe(1)
+                except ValueError:
+                    f = None
+                kinds, table = rec.sites._kinds, rec.sites
+                while f is not None:
+                    code = f.f_code
+                    if code is wrapper_code:
+                        return
+                    kind = kinds.get(code.co_filename)
+                    if kind is None:
+                        kind = table.kind(code)
+                    if kind != INTERNAL:
+                        break
+                    f = f.f_back
+                pg = group_ref()
+                if pg is None:
+                    return
+                ginfo = rec.groups.get(pg)
+                if ginfo is None:
+                    ginfo = rec.register_group(pg)
+                slot, seqfn, tracked = ginfo
+                code_, flags = op
+                tensors = args.input_tensors
+                ntensors = len(tensors)
+                if ntensors:
+                    t = tensors[0]
+                    shape = t.shape
+                    ndim, dt = len(shape), dtypes.get(t.dtype, 0)
+                    numel = NUMEL_FROM_SHAPE if ndim <= 4 and ntensors == 1 else sum(x.numel() for x in tensors)
+                    if ndim > 4:
+                        shape = tuple(shape[:4])
+                else:
+                    shape, ndim, numel, dt = (), 0, 0, 0
+                peer = -1
+                if flags & FLAG_P2P:
+                    if members[0] is _UNSET:
+                        try:
+                            members[0] = list(dist.get_process_group_ranks(pg))
+                        except Exception:  # noqa: BLE001 - torch cannot list them: the group rank is kept
+                            members[0] = None
+                    root, known = args.root, members[0]
+                    peer = known[root] if known is not None and 0 <= root < len(known) else root
+                seq0 = seqfn() if seqfn is not None else 0
+                site, user_site = rec.sites.frame_sites(f) if f is not None else (0, 0)
+                is_async = bool(args.async_op)
+                on_tracked = tracked is not None and not flags & FLAG_P2P
+                flags |= FLAG_HOOKED | (FLAG_ASYNC if is_async else FLAG_ENQUEUED if on_tracked else 0)
+                stamp = next(rec.stamps)
+                off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
+                entries[ndim if ndim < 4 else 4].pack_into(
+                    mm, off, stamp, seq0 + 1, now(), code_, dt, ndim if ndim < 256 else 255, flags,
+                    ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, user_site, stamp,
+                )
+                if on_tracked and tracked is not None:  # completes when the group's watermark passes it (dtwatch.record.completion)
+                    tracked.enqueued.append((seq0 + 1, off, stamp, 1))
+                else:
+                    if len(waiting) > 256:  # calls that raised before their post-hook: let them go
+                        waiting.clear()
+                    waiting[args.op_id] = (off, stamp)
+            except Exception as exc:  # noqa: BLE001 - a hook must never raise into torch
+                rec.fail("recording a collective from torch's hook", exc)
+
+        def post_hook(args: Any) -> None:
+            if not waiting:
+                return
+            try:
+                held = waiting.pop(args.op_id, None)
+                if held is None:
+                    return
+                off, stamp = held
+                work = args.work
+                if work is None:
+                    rec.finish(off, stamp, STATUS_OK, 1)
+                else:
+                    rec.track_async(work, off, stamp, 1)
+            except Exception as exc:  # noqa: BLE001
+                rec.fail("recording a collective's end from torch's hook", exc)
+
+        return pre_hook, post_hook
+
+
+__all__ = ["CollectiveHooks", "HOOK_ID", "available"]
