@@ -63,13 +63,6 @@ class Step:
     def skip(self, name: str, why: str = "GPU only") -> None:
         self._add(name, "SKIP", why, False)
 
-    def gpu_check(self, name: str, ok_fn, evidence_fn=lambda: "", advisory: bool = False) -> None:
-        """A check that means something on a GPU only: SKIP in CPU mode (its inputs are not computed)."""
-        if CPU:
-            self.skip(name)
-        else:
-            self.check(name, bool(ok_fn()), evidence_fn(), advisory)
-
     def info(self, name: str, value: object, key: bool = False) -> None:
         self.infos.append({"name": name, "value": value, "key": key})
         say(f"[INFO] {self.name} {name}: {short(value, 2000)}")
@@ -165,10 +158,12 @@ def run(name: str, cmd: list[str], step: Step, timeout: float, env: dict | None 
 def dtwatch_run(job: str, worker: list[str], nproc: int, step: Step, *, timeout: float, watch: list[str] | None = None,
                 env: dict | None = None, background: bool = False):
     """``dtwatch run --dir D --job-id J [watch] -- torchrun --standalone --nproc-per-node N worker...``
+    (``--no-pyspy`` added with GPU_CHECK_NO_PYSPY=1: stacks from faulthandler, as where py-spy is missing).
 
     Returns (exit status, console text, run directory), or the :class:`Proc` with ``background``."""
     root = step.dir / "dtw"
-    cmd = [*DTWATCH, "run", "--dir", str(root), "--job-id", job, *(watch or []), "--",
+    watch = [*(watch or []), *(["--no-pyspy"] if os.environ.get("GPU_CHECK_NO_PYSPY") == "1" else [])]
+    cmd = [*DTWATCH, "run", "--dir", str(root), "--job-id", job, *watch, "--",
            *TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), *worker]
     full_env = {"OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING", **(env or {})}
     if background:

@@ -45,7 +45,7 @@ if ls "$HERE"/wheels/*.whl >/dev/null 2>&1; then
     "$HERE"/wheels/*.whl || echo "[INFO] the carried wheels did not install; continuing without them"
   export PATH="$SITE/bin:$PATH"
 fi
-export PYTHONPATH="$HERE:$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"  # dtwatch from this checkout
 
 run_step() {
   local name=$1 limit left mark rc

@@ -6,12 +6,13 @@ import re
 import sys
 import time
 
-from common import WORKERS, Step, analyze_json, console_lines, dtwatch_run, site_line, stall_finding, tracebacks
+from common import CPU, WORKERS, Step, analyze_json, console_lines, dtwatch_run, site_line, stall_finding, tracebacks
 
 LIMIT = float(sys.argv[1]) if len(sys.argv) > 1 else 150
 WORKER = WORKERS / "pair.py"
 WATCH = ["--stall-window", "5", "--fail-fast", "--fail-fast-grace", "3"]
 ENV = {"NCCL_DEBUG": "WARN"}
+WHAT = "gloo job (CPU mode)" if CPU else "NCCL job on one GPU (a host id per rank)"
 
 
 def job(step: Step, mode: str, cap: float, deadline: float):
@@ -27,7 +28,7 @@ def finding_view(f: dict) -> dict:
 def healthy(step: Step, deadline: float) -> bool:
     rc, text, run_dir = job(step, "healthy", 50, deadline)
     started = "all_reduce works" in text
-    step.check("2-rank NCCL job on one GPU starts (a host id per rank)", started,
+    step.check(f"2-rank {WHAT} starts", started,
                [ln for ln in text.splitlines() if "worker rank" in ln or "NCCL WARN" in ln][:6])
     doc = analyze_json(run_dir, step) or {}
     f = stall_finding(run_dir)

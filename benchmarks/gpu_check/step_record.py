@@ -46,7 +46,8 @@ def check_inflight(step: Step, facts: dict) -> None:
     mid, after = fl.get("mid") or {}, fl.get("after") or {}
     m = (mid.get("records") or [{}])[-1]
     a = (after.get("records") or [{}])[-1]
-    step.check(names[0], (fl.get("call_returned_after_s") or 9) < 0.5 and (fl.get("gpu_busy_ms") or 0) > 1500,
+    returned = fl.get("call_returned_after_s")
+    step.check(names[0], returned is not None and returned < 0.5 and (fl.get("gpu_busy_ms") or 0) > 1500,
                {k: fl.get(k) for k in ("call_returned_after_s", "gpu_busy_ms", "matmuls", "matmul_ms")}
                | {"errors": facts.get("errors")})
     step.check(names[1], m.get("op") == "all_reduce" and m.get("enqueued") and m.get("t_exit") == 0
