@@ -24,6 +24,11 @@ def test_classify_file():
     assert classify_file("<frozen importlib._bootstrap_external>") == INTERNAL
     assert classify_file("<string>") == OTHER
     assert classify_file("<stdin>") == OTHER
+    # Code torch generates: a torch.fx graph module (a compiled graph under the eager backends) and inductor's
+    # compiled modules are never the user's line, nor is a user file that merely mentions the cache's name.
+    assert classify_file("<eval_with_key>.3") == INTERNAL
+    assert classify_file("/tmp/torchinductor_alice/xy/cxyz123.py") == INTERNAL
+    assert classify_file("/home/alice/torchinductor_notes.py") == USER
     assert classify_file(threading.__file__) == OTHER  # the standard library
     assert classify_file("/opt/venv/lib/python3.11/site-packages/lightning/fabric/fabric.py") == LIBRARY
     assert classify_file("/usr/lib/python3/dist-packages/accelerate/utils/operations.py") == LIBRARY

@@ -2,7 +2,8 @@
 
 Every frame's code is classified once by its file name (cached):
 
-* ``INTERNAL``: torch, dtwatch and ``<frozen ...>`` modules: never a call site;
+* ``INTERNAL``: torch, dtwatch, ``<frozen ...>`` modules and code torch generates (torch.fx graph modules,
+  inductor's compiled modules): never a call site;
 * ``OTHER``: the standard library and other pseudo-files (``<string>``, ``<stdin>``): a call site if
   nothing better is outside torch, never the user's line;
 * ``LIBRARY``: third-party code, i.e. a file with a ``site-packages`` or ``dist-packages`` directory
@@ -42,6 +43,11 @@ _STDLIB_DIRS = tuple(
     {os.path.abspath(p) + os.sep for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p}
 )
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
+# Code torch generates at run time: frozen modules, torch.fx graph modules (``<eval_with_key>.3``, what a
+# ``torch.compile``d graph runs as under the eager backends), and inductor's compiled modules, which live
+# in its cache directory (``/tmp/torchinductor_<user>/...``, or wherever TORCHINDUCTOR_CACHE_DIR says).
+_GENERATED_PSEUDO_FILES = ("<frozen", "<eval_with_key")
+_INDUCTOR_CACHE = "torchinductor_"
 
 
 def site_file(filename: str) -> str:
@@ -52,11 +58,14 @@ def site_file(filename: str) -> str:
 def classify_file(filename: str) -> int:
     """``INTERNAL`` / ``OTHER`` / ``LIBRARY`` / ``USER`` of a code object's file name (see the module doc)."""
     if filename.startswith("<"):
-        return INTERNAL if filename.startswith("<frozen") else OTHER
+        return INTERNAL if filename.startswith(_GENERATED_PSEUDO_FILES) else OTHER
     path = os.path.abspath(filename)
     if path.startswith(_TORCH_DIR) or path.startswith(_DTWATCH_DIR):
         return INTERNAL
     parts = path.split(os.sep)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if any(d.startswith(_INDUCTOR_CACHE) for d in parts[:-1]) or (cache and path.startswith(os.path.abspath(cache))):
+        return INTERNAL  # code torch.compile generated (inductor's cache), never the user's line
     lib = max((i for i, d in enumerate(parts) if d in _LIBRARY_DIRS), default=-1)
     if lib >= 0:  # checked before the standard library: site-packages often lies inside it
         # torch or dtwatch of another environment (e.g. paths in a Flight Recorder dump read elsewhere)

@@ -204,7 +204,7 @@ class CollectiveHooks:
                     mm, off, stamp, seq0 + 1, now(), code_, dt, ndim if ndim < 256 else 255, flags,
                     ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, user_site, stamp,
                 )
-                if on_tracked and tracked is not None:  # completes when the group's watermark passes it (dtwatch.record.completion)
+                if on_tracked and tracked is not None:  # completes when the watermark passes it (record.completion)
                     tracked.enqueued.append((seq0 + 1, off, stamp, 1))
                 else:
                     if len(waiting) > 256:  # calls that raised before their post-hook: let them go

@@ -497,14 +497,18 @@ class GlooAsyncGroup(ProcessGroup):
         return self._issue("recv_anysource", lambda: self._gloo.recv_anysource(tensors, tag), collective=False)
 
 
-# This backend's op names -> torch's hook op names (HookOpName members, torch >= 2.14).
-_HOOK_OP_NAMES = {
-    "allreduce": "ALLREDUCE", "allreduce_coalesced": "ALLREDUCE_COALESCED", "broadcast": "BROADCAST",
-    "reduce": "REDUCE", "allgather": "ALLGATHER", "_allgather_base": "ALLGATHER_BASE",
-    "allgather_coalesced": "ALLGATHER_COALESCED", "allgather_into_tensor_coalesced": "ALLGATHER_INTO_TENSOR_COALESCED",
-    "gather": "GATHER", "scatter": "SCATTER", "reduce_scatter": "REDUCE_SCATTER",
-    "_reduce_scatter_base": "REDUCE_SCATTER_BASE", "reduce_scatter_tensor_coalesced": "REDUCE_SCATTER_TENSOR_COALESCED",
-    "alltoall_base": "ALLTOALL_BASE", "alltoall": "ALLTOALL", "barrier": "BARRIER", "send": "SEND", "recv": "RECV",
+# This backend's op names -> torch's hook op names (HookOpName members, torch >= 2.14), most specific first:
+# torch 2.14 names a base, coalesced or single-tensor variant by its plain op; 2.15 has their own names.
+_HOOK_OP_NAMES: dict[str, tuple[str, ...]] = {
+    "allreduce": ("ALLREDUCE",), "allreduce_coalesced": ("ALLREDUCE_COALESCED", "ALLREDUCE"),
+    "broadcast": ("BROADCAST",), "reduce": ("REDUCE",), "allgather": ("ALLGATHER",),
+    "_allgather_base": ("ALLGATHER_BASE", "ALLGATHER"), "allgather_coalesced": ("ALLGATHER_COALESCED", "ALLGATHER"),
+    "allgather_into_tensor_coalesced": ("ALLGATHER_INTO_TENSOR_COALESCED", "ALLGATHER"),
+    "gather": ("GATHER",), "scatter": ("SCATTER",), "reduce_scatter": ("REDUCE_SCATTER",),
+    "_reduce_scatter_base": ("REDUCE_SCATTER_BASE", "REDUCE_SCATTER"),
+    "reduce_scatter_tensor_coalesced": ("REDUCE_SCATTER_TENSOR_COALESCED", "REDUCE_SCATTER"),
+    "alltoall_base": ("ALLTOALL_BASE", "ALLTOALL"), "alltoall": ("ALLTOALL",), "barrier": ("BARRIER",),
+    "send": ("SEND",), "recv": ("RECV",),
 }
 
 
@@ -513,7 +517,9 @@ def _hook_names() -> dict[str, Any]:
         from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
     except ImportError:
         return {}
-    return {op: getattr(HookOpName, name) for op, name in _HOOK_OP_NAMES.items() if hasattr(HookOpName, name)}
+    found = {op: next((getattr(HookOpName, n) for n in names if hasattr(HookOpName, n)), None)
+             for op, names in _HOOK_OP_NAMES.items()}
+    return {op: member for op, member in found.items() if member is not None}
 
 
 _HOOK_NAMES = _hook_names()
