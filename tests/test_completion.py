@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from dtwatch.diagnose.positions import completed_by_peers, positions, waiting_call
 from dtwatch.diagnose.state import CPP_OP, Call, GroupProgress, RankState, from_snapshot
-from dtwatch.record.completion import watermark, watermarks
+from dtwatch.record.completion import _dump_entries, is_nccl, never_listed, watermark, watermarks
 from dtwatch.record.torchenv import flight_recorder_on
 from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring
+from tests.conftest import init_world1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,6 +69,28 @@ def test_watermarks_from_nccl_flight_recorder_active_entries():
          "state": "scheduled", "profiling_name": "nccl:send"},
     ]
     assert watermarks({"0": 9, "1": 5, "2": 3}, entries) == {"0": 7, "1": 5, "2": 3}
+
+
+def test_nccl_groups_of_every_spelling_are_tracked_and_a_group_no_recorder_lists_is_found():
+    # torch 2.15: "nccl" builds nccl2; "nccl2", "nccl-legacy" and "nccl-lazy" name the kinds explicitly.
+    assert all(is_nccl(b) for b in ("nccl", "nccl2", "nccl-legacy", "nccl-lazy", "NCCL"))
+    assert not any(is_nccl(b) for b in ("gloo", "gloo_async", "mpi", "ucc", "?"))
+    # A group whose collectives no recorder lists (e.g. a Flight Recorder hook missing on nccl2) must not pass
+    # as "nothing active, so all completed".
+    entries = [{"process_group": ("0", "default_pg"), "collective_seq_id": 3, "state": "completed"}]
+    assert never_listed({"0", "1"}, entries) == {"1"}
+    assert never_listed({"0"}, []) == {"0"}
+
+
+def test_flight_recorder_dumps_are_read_from_every_recorder(dtwatch_env, monkeypatch):
+    # gloo feeds the generic recorder (as nccl2 does, through its hook): read with NCCL's, merged.
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
+    init_world1()
+    dist.all_reduce(torch.ones(3))
+    entries = _dump_entries(only_active=False)
+    assert entries is not None
+    assert any(str(e["process_group"][0]) == "0" for e in entries)
+    assert never_listed({"0"}, entries) == set()
 
 
 def test_flight_recorder_on_reads_either_spelling():

@@ -20,7 +20,11 @@ from dtwatch.record import recorder
 from dtwatch.record.torchenv import apply_torch_env
 from tests.conftest import init_world1
 
-FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")
+# torch 2.14 reads the Flight Recorder's dump on timeout as TORCH_FR_DUMP_ON_TIMEOUT (2.15's nccl2 only so);
+# older releases as TORCH_NCCL_DUMP_ON_TIMEOUT.
+DUMP_ON_TIMEOUT = ("TORCH_FR_DUMP_ON_TIMEOUT" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14)
+                   else "TORCH_NCCL_DUMP_ON_TIMEOUT")
+FR_VARS = ("TORCH_FR_BUFFER_SIZE", DUMP_ON_TIMEOUT, "TORCH_FR_DUMP_TEMP_FILE")
 
 
 def dtwatch_warnings(caplog) -> list[str]:
@@ -140,12 +144,12 @@ def test_unset_torch_variables_are_set_and_logged(dtwatch_env, caplog):
         assert dtwatch.install() is True
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
-    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert os.environ[DUMP_ON_TIMEOUT] == "1"
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(dtwatch_env / "fr" / "torch-fr-rank-")
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ  # this torch reads the new spelling only
     messages = [r.getMessage() for r in caplog.records if r.name == "dtwatch"]
     for name, value in (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"), ("TORCH_FR_BUFFER_SIZE", "2000"),
-                        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")):
+                        (DUMP_ON_TIMEOUT, "1")):
         assert any(f"set {name}={value}" in m for m in messages), name
     assert dtwatch_warnings(caplog) == []  # installed before init_process_group: nothing to warn about
 
@@ -175,18 +179,18 @@ def test_user_flight_recorder_size_is_never_overridden(dtwatch_env, monkeypatch,
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     messages = [r.getMessage() for r in caplog.records if r.name == "dtwatch"]
     assert any(f"keeping your {user_var}=77" in m for m in messages)
-    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"  # the unset ones are still set
+    assert os.environ[DUMP_ON_TIMEOUT] == "1"  # the unset ones are still set
 
 
 def test_apply_torch_env_on_a_given_environment():
     env = {"TORCH_FR_BUFFER_SIZE": "10"}
     changes = apply_torch_env(300, "/x/fr-", environ=env)
     assert env == {
-        "TORCH_FR_BUFFER_SIZE": "10", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_BUFFER_SIZE": "10", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", DUMP_ON_TIMEOUT: "1",
         "TORCH_FR_DUMP_TEMP_FILE": "/x/fr-",
     }
     assert [c.split("=", 1)[0] for c in changes] == [
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"]
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", DUMP_ON_TIMEOUT, "TORCH_FR_DUMP_TEMP_FILE"]
 
 
 def test_install_after_init_warns_naming_unapplied_settings(dtwatch_env, monkeypatch, caplog):
@@ -197,7 +201,7 @@ def test_install_after_init_warns_naming_unapplied_settings(dtwatch_env, monkeyp
     (warning,) = dtwatch_warnings(caplog)
     assert "installed after init_process_group" in warning
     named = warning.split("not to the existing ones: ", 1)[1].split(". ", 1)[0].split(", ")
-    assert named == ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"]
+    assert named == ["TORCH_FR_BUFFER_SIZE", DUMP_ON_TIMEOUT, "TORCH_FR_DUMP_TEMP_FILE"]
     # The process group exists already, so the ring is there at once and records.
     dist.all_reduce(torch.ones(1))
     snap = dtwatch.read_ring(dtwatch_env / "rank-00000.ring")

@@ -19,24 +19,31 @@ log = logging.getLogger("dtwatch")
 # default since 2.2; set explicitly so an older default or a stale environment does not silence it).
 ASYNC_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 FR_BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FR_DUMP_ON_TIMEOUT = ("TORCH_NCCL_DUMP_ON_TIMEOUT",)
+FR_DUMP_ON_TIMEOUT = ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 FR_DUMP_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 ALL_SETTINGS = (ASYNC_ERROR_HANDLING, FR_BUFFER_SIZE, FR_DUMP_ON_TIMEOUT, FR_DUMP_FILE)
 
 
-def _torch_reads_fr_names() -> bool:
-    """torch 2.7 renamed the Flight Recorder variables from TORCH_NCCL_* to TORCH_FR_*."""
+# The first torch that reads a setting's newest spelling. torch 2.7 renamed the Flight Recorder's buffer
+# size and dump file from TORCH_NCCL_* to TORCH_FR_*; its dump on timeout is TORCH_FR_DUMP_ON_TIMEOUT by
+# 2.14 (in 2.14.1's and 2.15's NCCL library, beside the old name; torch 2.15's nccl2 groups read the new one).
+NEWEST_SINCE: dict[tuple[str, ...], tuple[int, int]] = {
+    FR_BUFFER_SIZE: (2, 7), FR_DUMP_FILE: (2, 7), FR_DUMP_ON_TIMEOUT: (2, 14),
+}
+
+
+def _torch_version() -> tuple[int, int]:
     try:
         major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     except ValueError:
-        return True
-    return (major, minor) >= (2, 7)
+        return (99, 0)  # a development build: the newest names
+    return major, minor
 
 
 def apply_torch_env(fr_buffer_size: int, fr_dump_prefix: str, environ: dict[str, str] | None = None) -> list[str]:
     """Set torch's diagnostics variables that are not set yet; returns ``NAME=value (why)`` lines."""
     env = os.environ if environ is None else environ
-    new_names = _torch_reads_fr_names()
+    version = _torch_version()
     wanted: list[tuple[tuple[str, ...], str, str]] = [  # (spellings, value, why)
         (ASYNC_ERROR_HANDLING, "3", "fail fast on a collective error or timeout"),
     ]
@@ -52,7 +59,7 @@ def apply_torch_env(fr_buffer_size: int, fr_dump_prefix: str, environ: dict[str,
         if user is not None:
             log.info("dtwatch: keeping your %s=%s", user, env[user])
             continue
-        name = names[0] if new_names or len(names) == 1 else names[-1]
+        name = names[0] if version >= NEWEST_SINCE.get(names, (0, 0)) else names[-1]
         env[name] = value
         changes.append(f"{name}={value} ({why})")
         log.info("dtwatch: set %s=%s (%s)", name, value, why)
