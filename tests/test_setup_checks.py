@@ -161,6 +161,32 @@ def test_same_device_is_quiet_for_distinct_gpus_cpu_and_other_hosts():
     assert same_device(*healthy()) is None  # CPU ranks record no device
 
 
+def test_same_device_tells_idle_gpus_only_when_the_ranks_saw_them_and_is_quiet_when_sharing_is_meant():
+    states, now = healthy()
+    put_device(states[0], uuid="GPU-aaaa", count=8)
+    put_device(states[1], uuid="GPU-aaaa", count=8)
+    f = same_device(states, now)
+    assert "7 other GPU(s) they can see stay idle" in f.summary and "LOCAL_RANK" in f.summary
+    # One GPU on the host: no GPU stands idle, and binding to LOCAL_RANK cannot help.
+    put_device(states[0], uuid="GPU-aaaa", count=1)
+    put_device(states[1], uuid="GPU-aaaa", count=1)
+    f = same_device(states, now)
+    assert "idle" not in f.summary and "sees only 1 GPU" in f.summary and "--nproc-per-node" in f.summary
+    # Unknown count (an older ring): no claim about other GPUs.
+    put_device(states[0], uuid="GPU-aaaa")
+    put_device(states[1], uuid="GPU-aaaa")
+    assert "idle" not in same_device(states, now).summary
+    # Sharing on purpose (NCCL >= 2.30's switch, or one NCCL_HOSTID per rank): nothing to warn about.
+    for sh in ({"multi_rank": "1"}, {"multi_rank": "1"}), ({"hostid": "a"}, {"hostid": "b"}):
+        states[0].setup["gpu_share"], states[1].setup["gpu_share"] = sh
+        assert same_device(states, now) is None, sh
+    # ...but only when every rank on that GPU says so (one NCCL_HOSTID shared by both is no workaround).
+    states[0].setup["gpu_share"], states[1].setup["gpu_share"] = {"hostid": "a"}, {"hostid": "a"}
+    assert same_device(states, now) is not None
+    states[0].setup["gpu_share"], states[1].setup["gpu_share"] = {"multi_rank": "1"}, {}
+    assert same_device(states, now) is not None
+
+
 def test_same_shuffle_needs_an_epoch_that_never_moved():
     states, now = healthy()
     assert same_shuffle(states, now) is None

@@ -126,25 +126,51 @@ def same_device(states: list[RankState], now: float) -> Finding | None:
         elif s.gpu_uuid:  # the ring's identity, read when CUDA was already initialised at attach
             users[(s.host, "uuid", s.gpu_uuid)].append((s.rank, {"type": "cuda", "index": s.device_index,
                                                                    "uuid": s.gpu_uuid}))
-    shared = [v for v in users.values() if len(v) > 1]
+    by_rank = {s.rank: s for s in states}
+    shared = [v for v in users.values() if len(v) > 1 and not sharing_on_purpose([by_rank[r] for r, _ in v])]
     if not shared:
         return None
     group = shared[0]
     ranks = [r for r, _ in group]
-    by_rank = {s.rank: s for s in states}
     device = group[0][1]
+    host = by_rank[ranks[0]].host
     site = next((with_source(d.get("site")) for _, d in reversed(group) if d.get("site")), None)
     name = f"{device.get('type')}:{device.get('index')}" + (f" ({device['uuid']})" if device.get("uuid") else "")
     local = {str(r): by_rank[r].local_rank for r in ranks}
     how = f", set at {fmt_site(site)}" if site else ""
+    # What the host has: only a count the ranks saw says whether other GPUs stand idle.
+    on_host = [d for key, v in users.items() if key[0] == host for _, d in v]
+    counts = {d["count"] for d in on_host if isinstance(d.get("count"), int)}
+    count = counts.pop() if len(counts) == 1 else None  # ranks that disagree: not known
+    used = len({key for key, v in users.items() if key[0] == host})
+    if count is not None and count > used:
+        where = f"they share one GPU while {count - used} other GPU(s) they can see stay idle; "
+        advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
+    elif count is not None:
+        where = f"they share one GPU, and the process sees only {used} GPU(s) (CUDA_VISIBLE_DEVICES " \
+                f"{by_rank[ranks[0]].setup.get('cvd') or 'unset'}); "
+        advice = ("start as many ranks per node as it has GPUs (torchrun --nproc-per-node), or set "
+                  "NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL >= 2.30) if sharing is meant")
+    else:
+        where = "they share one GPU; "
+        advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
     return _finding(
         Kind.SAME_DEVICE, "same_device", ranks,
-        f"{fmt_ranks(ranks)} on {by_rank[ranks[0]].host} (local ranks {', '.join(map(str, local.values()))}) all use "
-        f"{name}{how}: they share one GPU while others stay idle; bind each process to its local rank "
-        "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)",
-        site, now, [r for key, v in users.items() if key[0] == by_rank[ranks[0]].host for r, _ in v],
-        device=device, local_ranks=local, host=by_rank[ranks[0]].host,
+        f"{fmt_ranks(ranks)} on {host} (local ranks {', '.join(map(str, local.values()))}) all use "
+        f"{name}{how}: {where}{advice}",
+        site, now, [r for key, v in users.items() if key[0] == host for r, _ in v],
+        device=device, local_ranks=local, host=host,
     )
+
+
+def sharing_on_purpose(ranks: list[RankState]) -> bool:
+    """Every one of ``ranks`` set NCCL's switch for sharing a GPU (NCCL_MULTI_RANK_GPU_ENABLE=1), or each its
+    own NCCL_HOSTID (how two ranks share a GPU before NCCL 2.30)."""
+    shares = [s.setup.get("gpu_share") or {} for s in ranks]
+    if all(str(sh.get("multi_rank", "")).strip() == "1" for sh in shares):
+        return True
+    hostids = [sh.get("hostid") for sh in shares]
+    return all(hostids) and len(set(hostids)) == len(hostids)
 
 
 def same_data(states: list[RankState], now: float) -> Finding | None:

@@ -9,8 +9,10 @@ background thread (the training thread only updates the document). The document 
     torch     torch.__version__
     world     the default group's size (WORLD_SIZE before it exists)
     cvd       CUDA_VISIBLE_DEVICES as this process saw it (None: unset)
-    device    the accelerator this rank uses: {type, index, uuid, how, site} (how: set_device / wrap /
-              current), absent on CPU-only ranks
+    device    the accelerator this rank uses: {type, index, uuid, count, how, site} (count: the GPUs the
+              process sees; how: set_device / wrap / current), absent on CPU-only ranks
+    gpu_share NCCL's switches for ranks sharing a GPU on purpose, where set: {multi_rank:
+              NCCL_MULTI_RANK_GPU_ENABLE, hostid: NCCL_HOSTID}
     wraps     per DDP/FSDP wrap line: {kind, site, group, calls, params, trainable, dtypes, policy, t}
               (sums over the calls at that line; group: the process group or mesh it shards over)
     loaders   per DataLoader slot of the ring's loader table: what dtwatch.record.samplers says at the
@@ -122,6 +124,12 @@ class SetupFacts:
         self.lock = threading.Lock()
         self.doc: dict[str, Any] = {"v": 1, "torch": torch.__version__, "world": _env_int("WORLD_SIZE"),
                                     "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "wraps": [], "loaders": {}}
+        # Sharing a GPU on purpose: NCCL >= 2.30 allows it with NCCL_MULTI_RANK_GPU_ENABLE=1; older NCCL when
+        # each rank sets its own NCCL_HOSTID.
+        share = {k: os.environ[v] for k, v in (("multi_rank", "NCCL_MULTI_RANK_GPU_ENABLE"), ("hostid", "NCCL_HOSTID"))
+                 if os.environ.get(v)}
+        if share:
+            self.doc["gpu_share"] = share
         if not rec.config.batch_fingerprint:
             self.doc["fp_off"] = True
         self.models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # wrapped models (train/eval mode)
@@ -406,6 +414,7 @@ def _device_fact(device: torch.device) -> dict:
             index = device.index if device.index is not None else torch.cuda.current_device()
             fact["index"] = index
             fact["uuid"] = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+            fact["count"] = torch.cuda.device_count()  # the GPUs this process sees
         except Exception:  # noqa: BLE001 - no driver in this process: the index is what is known
             pass
     return fact
