@@ -71,6 +71,36 @@ def _alternate(fa, fb, blocks: int, n: int) -> tuple[list[float], list[float]]:
     return ta, tb
 
 
+def _alternate_modes(modes: dict[str, tuple[Callable[[], None], Callable[[], Any]]], blocks: int,
+                     n: int) -> dict[str, list[float]]:
+    """ns per call of each mode's function, in blocks of n calls; each block first runs the mode's set-up (e.g.
+    registering torch's collective hooks), outside the timing. The order of the modes turns every block."""
+    out: dict[str, list[float]] = {name: [] for name in modes}
+    names = list(modes)
+    clock = time.perf_counter_ns
+    for name in names:  # warm-up
+        setup, fn = modes[name]
+        setup()
+        for _ in range(min(n, 200)):
+            fn()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for b in range(blocks):
+            k = b % len(names)
+            for name in names[k:] + names[:k]:
+                setup, fn = modes[name]
+                setup()
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                out[name].append((clock() - t0) / n)
+    finally:
+        if gc_was:
+            gc.enable()
+    return out
+
+
 def _row(base: list[float], wrapped: list[float]) -> dict:
     b, w = statistics.median(base), statistics.median(wrapped)
     pair = [wi - bi for bi, wi in zip(base, wrapped, strict=True)]
@@ -147,11 +177,25 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     }
     result: dict = {"collective": {}, "hot_path": {}, "backend": backend,
                     "completion_tracked": bool(getattr(rec, "tracked", None))}
+    # torch >= 2.14: dtwatch registers torch's collective hooks on the group (dtwatch.record.hooks), which torch
+    # then calls for every collective, the wrapped ones too. "Torch alone" is timed with them removed.
+    hooks, pg = rec.hooks, c10d._get_default_group()
+    result["collective_hooks"] = hooks is not None
+
+    def hooks_on() -> None:
+        if hooks is not None:
+            hooks.add(pg)
+
+    def hooks_off() -> None:
+        if hooks is not None:
+            hooks.remove(pg)
+
     for name, make in cases.items():
         wrapper = getattr(dist, name)
         original = _original(wrapper)
-        base, wrapped = _alternate(make(original), make(wrapper), blocks, calls)
-        result["collective"][name] = _row(base, wrapped)
+        times = _alternate_modes({"base": (hooks_off, make(original)), "dtwatch": (hooks_on, make(wrapper))},
+                                 blocks, calls)
+        result["collective"][name] = _row(times["base"], times["dtwatch"])
 
         def noop(*args, **kwargs):
             return None
@@ -159,6 +203,9 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         hot = recorder._make_wrapper(rec, noop, spec_of(name, original))
         base, wrapped = _alternate(make(noop), make(hot), blocks, noop_calls)
         result["hot_path"][name] = _row(base, wrapped)
+    if hooks is not None:
+        result["hooks"] = bench_hooks(hooks_on, hooks_off, t, pg, blocks, calls)
+    hooks_on()
     # The other per-step costs of a training loop: the optimizer-step hook (a step marker), and the
     # sampler thread's tick (it runs every sample_interval seconds and takes the GIL while it works).
     base, hooked = _alternate(lambda: None, lambda: rec.advance_step(explicit=False), blocks, noop_calls)
@@ -200,6 +247,33 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     dist.destroy_process_group()
     assert not hasattr(c10d.all_reduce, "__dtwatch_original__")
     return result
+
+
+def bench_hooks(hooks_on: Callable[[], None], hooks_off: Callable[[], None], t: Any, pg: Any, blocks: int,
+                calls: int) -> dict:
+    """What torch's collective hooks cost per call, against the wrapper, in one run (all_reduce of one float):
+    torch alone; the wrapper without hooks; the wrapper with the hooks registered (the default: the pre-hook
+    leaves a wrapped call); a call only the hook records (torch's own function, unwrapped: what a DDP reducer
+    or a functional collective costs); and a functional all_reduce (issue + wait) without and with the hooks."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    wrapper = dist.all_reduce
+    original = _original(wrapper)
+    times = _alternate_modes({
+        "torch": (hooks_off, lambda: original(t)),
+        "wrapper": (hooks_off, lambda: wrapper(t)),
+        "wrapper+hooks": (hooks_on, lambda: wrapper(t)),
+        "hook": (hooks_on, lambda: original(t)),
+        "functional": (hooks_off, lambda: funcol.all_reduce(t, "sum", pg).wait()),
+        "functional+hook": (hooks_on, lambda: funcol.all_reduce(t, "sum", pg).wait()),
+    }, blocks, calls)
+    return {
+        "wrapper, no hooks": _row(times["torch"], times["wrapper"]),
+        "wrapper, hooks registered (default)": _row(times["torch"], times["wrapper+hooks"]),
+        "hook alone (unwrapped call)": _row(times["torch"], times["hook"]),
+        "functional all_reduce, hook": _row(times["functional"], times["functional+hook"]),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -399,6 +473,15 @@ def print_table(res: dict) -> None:
                 print(f"  {op}")
                 op = ""
             print(f"  {op:<24} {r['baseline_ns']:>12.0f} {r['wrapped_ns']:>11.0f} {r['added_us']:>9.3f} "
+                  f"{r['ratio']:>6.2f}   [{lo:.3f}, {hi:.3f}]")
+    hooks = res["per_call"].get("hooks")
+    if hooks:
+        print(" torch's collective hooks (torch >= 2.14), all_reduce of one float, against torch alone")
+        print(header)
+        for what, r in hooks.items():
+            lo, hi = r["added_us_iqr"]
+            print(f"  {what}")
+            print(f"  {'':<24} {r['baseline_ns']:>12.0f} {r['wrapped_ns']:>11.0f} {r['added_us']:>9.3f} "
                   f"{r['ratio']:>6.2f}   [{lo:.3f}, {hi:.3f}]")
     h, t = res["per_call"]["step_hook"], res["per_call"]["sampler_tick"]
     print(f" other costs: optimizer-step hook {h['added_us']:.3f} us per step; sampler tick {t['added_us']:.1f} us "

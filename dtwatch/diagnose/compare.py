@@ -16,6 +16,7 @@ from dtwatch.diagnose.mismatch import mismatch, site_key
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
 from dtwatch.diagnose.state import CPP_OP, Call
 from dtwatch.diagnose.text import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
+from dtwatch.ops import SAME_SHAPE_OPS
 
 
 def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
@@ -330,7 +331,10 @@ def _signature(ctx: Context, p: Position) -> tuple:
     if c.fingerprint.startswith(CPP_PREFIX):
         return (c.fingerprint,)  # DDP/FSDP's own call: the same on every rank whatever line led there
     user = ctx.user_site(p.rank, c)
-    return (c.fingerprint, (user or {}).get("file"), (user or {}).get("line"))
+    # Only ops whose tensor every rank passes alike are told apart by shape: a scatter's or gather's root-only
+    # lists and an all_to_all's splits legitimately differ from rank to rank.
+    what = c.fingerprint if c.op in SAME_SHAPE_OPS else c.op
+    return (what, (user or {}).get("file"), (user or {}).get("line"))
 
 
 def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], waiting: list[int]) -> Finding:

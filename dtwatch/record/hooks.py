@@ -16,7 +16,7 @@ then include the wrapper's (all wrappers share one code object), which is also t
 collective or a batch of p2p ops makes internally, so nothing is counted twice. Completion: on a tracked
 group (NCCL, gloo_async) the record stays in flight until the group's completed watermark passes its
 sequence number, as a wrapped call's does; elsewhere the post-hook hands the call's ``Work`` to the
-recorder, which stamps the record when the work completes.
+recorder, which the sampler polls (the record's exit is stamped at its next tick after the work completed).
 
 Cost. Registering the hooks makes torch call into Python twice for every collective on the group, the
 wrapped ones included (which the pre-hook leaves after a few frame hops). ``benchmarks/overhead.py``
@@ -49,27 +49,31 @@ if TYPE_CHECKING:
 
 HOOK_ID = 0x64747700  # dtwatch's id for its pre- and post-hook on every group ("dtw\0")
 
-# torch's hook op names -> (ring op name, op flags). Ops that are not collectives (SPLIT, NEW_WINDOW,
-# UNKNOWN) are not recorded.
-_HOOK_OPS: dict[str, tuple[str, int]] = {
-    "ALLREDUCE": ("all_reduce", 0),
-    "ALLREDUCE_COALESCED": ("all_reduce_coalesced", FLAG_COALESCED),
-    "ALLGATHER": ("all_gather", 0),
-    "ALLGATHER_BASE": ("all_gather_into_tensor", 0),
-    "ALLGATHER_COALESCED": ("all_gather_coalesced", FLAG_COALESCED),
-    "ALLGATHER_INTO_TENSOR_COALESCED": ("all_gather_into_tensor_coalesced", FLAG_COALESCED),
-    "ALLTOALL": ("all_to_all", 0),
-    "ALLTOALL_BASE": ("all_to_all_single", 0),
-    "BARRIER": ("barrier", 0),
-    "BROADCAST": ("broadcast", 0),
-    "GATHER": ("gather", 0),
-    "REDUCE": ("reduce", 0),
-    "REDUCE_SCATTER": ("reduce_scatter", 0),
-    "REDUCE_SCATTER_BASE": ("reduce_scatter_tensor", 0),
-    "REDUCE_SCATTER_TENSOR_COALESCED": ("reduce_scatter_tensor_coalesced", FLAG_COALESCED),
-    "SCATTER": ("scatter", 0),
-    "SEND": ("isend", FLAG_P2P),
-    "RECV": ("irecv", FLAG_P2P),
+# torch's hook op names -> (ring op name, op flags, which tensors describe the call). The tensors are those
+# every rank passes alike, as the wrapper records them: a scatter's and a reduce_scatter's output (only the
+# root has a scatter's inputs), a recv's buffer, otherwise the input. Ops that are not collectives (SPLIT,
+# NEW_WINDOW, UNKNOWN) are not recorded. torch 2.14 names the base, coalesced and single-tensor variants by
+# their plain op; torch 2.15 has names of their own.
+_IN, _OUT = 0, 1
+_HOOK_OPS: dict[str, tuple[str, int, int]] = {
+    "ALLREDUCE": ("all_reduce", 0, _IN),
+    "ALLREDUCE_COALESCED": ("all_reduce_coalesced", FLAG_COALESCED, _IN),
+    "ALLGATHER": ("all_gather", 0, _IN),
+    "ALLGATHER_BASE": ("all_gather_into_tensor", 0, _IN),
+    "ALLGATHER_COALESCED": ("all_gather_coalesced", FLAG_COALESCED, _IN),
+    "ALLGATHER_INTO_TENSOR_COALESCED": ("all_gather_into_tensor_coalesced", FLAG_COALESCED, _IN),
+    "ALLTOALL": ("all_to_all", 0, _IN),
+    "ALLTOALL_BASE": ("all_to_all_single", 0, _IN),
+    "BARRIER": ("barrier", 0, _IN),
+    "BROADCAST": ("broadcast", 0, _IN),
+    "GATHER": ("gather", 0, _IN),
+    "REDUCE": ("reduce", 0, _IN),
+    "REDUCE_SCATTER": ("reduce_scatter", 0, _OUT),
+    "REDUCE_SCATTER_BASE": ("reduce_scatter_tensor", 0, _IN),
+    "REDUCE_SCATTER_TENSOR_COALESCED": ("reduce_scatter_tensor_coalesced", FLAG_COALESCED, _IN),
+    "SCATTER": ("scatter", 0, _OUT),
+    "SEND": ("isend", FLAG_P2P, _IN),
+    "RECV": ("irecv", FLAG_P2P, _OUT),
 }
 _UNSET = object()
 
@@ -79,17 +83,18 @@ def available() -> bool:
     return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook") and _op_table() is not None
 
 
-def _op_table() -> dict[Any, tuple[int, int]] | None:
-    """torch's ``HookOpName`` members -> (ring op code, op flags); None where torch has no such enum."""
+def _op_table() -> list[tuple[int, int, int] | None] | None:
+    """Indexed by the value of torch's ``HookOpName`` members: (ring op code, op flags, tensors), or None for an op not
+    recorded; None where torch has no such enum. (A list, not a dict: hashing a pybind11 enum costs ~0.5 us.)"""
     try:
         from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
     except ImportError:
         return None
-    table = {}
-    for name, (op, flags) in _HOOK_OPS.items():
+    table: list[tuple[int, int, int] | None] = [None] * (max(int(m.value) for m in HookOpName.__members__.values()) + 1)
+    for name, (op, flags, side) in _HOOK_OPS.items():
         member = getattr(HookOpName, name, None)
         if member is not None:
-            table[member] = (OP_CODES[op], flags)
+            table[int(member.value)] = (OP_CODES[op], flags, side)
     return table
 
 
@@ -98,7 +103,7 @@ class CollectiveHooks:
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
-        self.ops = _op_table() or {}
+        self.ops = _op_table() or []
         self.hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # groups carrying our hooks
         self.lock = threading.Lock()
 
@@ -134,7 +139,7 @@ class CollectiveHooks:
             self.remove(pg)
 
     def _hooks_for(self, group_ref: Callable[[], Any]) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
-        rec, ops, dtypes = self.rec, self.ops, DTYPE_CODES_BY_TORCH
+        rec, ops, nops, dtypes = self.rec, self.ops, len(self.ops), DTYPE_CODES_BY_TORCH
         entries, now, getframe, wrapper_code = RECORD_ENTRY_BY_NDIM, time.time, sys._getframe, WRAPPER_CODE
         # op_id -> (record offset, stamp) of an untracked group's call, until its post-hook gives the Work.
         waiting: dict[int, tuple[int, int]] = {}
@@ -145,7 +150,8 @@ class CollectiveHooks:
             if mm is None:
                 return
             try:
-                op = ops.get(args.name)
+                value = args.name.value
+                op = ops[value] if value < nops else None
                 if op is None:
                     return
                 # Frames of torch (and dtwatch) between here and the code that issued the call: the wrapper's
@@ -172,8 +178,8 @@ class CollectiveHooks:
                 if ginfo is None:
                     ginfo = rec.register_group(pg)
                 slot, seqfn, tracked = ginfo
-                code_, flags = op
-                tensors = args.input_tensors
+                code_, flags, side = op
+                tensors = args.output_tensors if side else args.input_tensors
                 ntensors = len(tensors)
                 if ntensors:
                     t = tensors[0]
@@ -225,7 +231,9 @@ class CollectiveHooks:
                 if work is None:
                     rec.finish(off, stamp, STATUS_OK, 1)
                 else:
-                    rec.track_async(work, off, stamp, 1)
+                    # Polled by the sampler (its next tick stamps the exit): a future's callback would cost
+                    # the issuing thread ~20 us a call in GIL hand-overs with the backend's thread.
+                    rec.track_async(work, off, stamp, 1, use_future=False)
             except Exception as exc:  # noqa: BLE001
                 rec.fail("recording a collective's end from torch's hook", exc)
 

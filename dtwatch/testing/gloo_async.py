@@ -274,13 +274,14 @@ class GlooAsyncGroup(ProcessGroup):
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _issue(self, op: str, run: Callable[[], Work | _AllOf], *, collective: bool = True,
-               blocking: bool = False, inputs: list[Tensor] | tuple[Tensor, ...] = (), root: int = -1) -> EnqueuedWork:
+               blocking: bool = False, inputs: list[Tensor] | tuple[Tensor, ...] = (),
+               outputs: list[Tensor] | tuple[Tensor, ...] = (), root: int = -1) -> EnqueuedWork:
         hooked = _HOOK_NAMES.get(op) if self._pre_hooks or self._post_hooks else None
         with self._lock:  # one issuing order per group, as on a CUDA stream
             if hooked is not None:
                 # torch's dispatcher passes the call's async_op; to the CPU every NCCL collective but a
                 # barrier is asynchronous, so this backend says so.
-                hook_args = _HookArgs(hooked, self._seq, op != "barrier", list(inputs), root)
+                hook_args = _HookArgs(hooked, self._seq, op != "barrier", list(inputs), list(outputs), root)
                 for hook in list(self._pre_hooks.values()):
                     hook(hook_args)
             inner = run()
@@ -420,13 +421,14 @@ class GlooAsyncGroup(ProcessGroup):
             opts: dist.ScatterOptions | None = None) -> EnqueuedWork:
         opts = opts or dist.ScatterOptions()
         return self._issue("scatter", lambda: self._gloo.scatter(output_tensors, input_tensors, opts),
-                           inputs=output_tensors, root=opts.rootRank)
+                           inputs=[t for ts in input_tensors for t in ts], outputs=output_tensors, root=opts.rootRank)
 
     def reduce_scatter(  # type: ignore[override]  # as allreduce
             self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
             opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
         return self._issue("reduce_scatter", lambda: self._gloo.reduce_scatter(
-            output_tensors, input_tensors, opts or dist.ReduceScatterOptions()), inputs=output_tensors)
+            output_tensors, input_tensors, opts or dist.ReduceScatterOptions()),
+            inputs=[t for ts in input_tensors for t in ts], outputs=output_tensors)
 
     def _reduce_scatter_base(self, output: Tensor, input_tensor: Tensor,
                              opts: dist.ReduceScatterOptions | None = None) -> EnqueuedWork:
@@ -490,7 +492,7 @@ class GlooAsyncGroup(ProcessGroup):
                            root=dst)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> EnqueuedWork:
-        return self._issue("recv", lambda: self._gloo.recv(tensors, src, tag), collective=False, inputs=tensors,
+        return self._issue("recv", lambda: self._gloo.recv(tensors, src, tag), collective=False, outputs=tensors,
                            root=src)
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> EnqueuedWork:
@@ -531,9 +533,10 @@ class _HookArgs:
 
     __slots__ = ("name", "op_id", "async_op", "input_tensors", "output_tensors", "root", "work")
 
-    def __init__(self, name: Any, op_id: int, async_op: bool, inputs: list[Tensor], root: int) -> None:
-        self.name, self.op_id, self.async_op, self.input_tensors, self.root = name, op_id, async_op, inputs, root
-        self.output_tensors: list[Tensor] = []
+    def __init__(self, name: Any, op_id: int, async_op: bool, inputs: list[Tensor], outputs: list[Tensor],
+                 root: int) -> None:
+        self.name, self.op_id, self.async_op, self.root = name, op_id, async_op, root
+        self.input_tensors, self.output_tensors = inputs, outputs
         self.work: Any = None
 
 
