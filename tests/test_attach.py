@@ -10,6 +10,7 @@ import importlib.util
 
 import pytest
 
+from dtwatch.record import hooks
 from tests.test_recorder import collectives, site_lines
 from tests.tools import ON_CI
 
@@ -67,10 +68,17 @@ def test_collectives_issued_only_from_cpp_attach_through_the_poll(torchrun):
         note = job.result(rank)
         assert note["attached"], note
         snap = job.ring(rank)
-        assert collectives(snap) == []  # nothing went through Python
+        assert [r for r in collectives(snap) if not r.hooked] == []  # nothing went through Python
         default = next(g for g in snap.groups if g.name == "0")
         # The sampler follows the group's C++ sequence number: within a tick of the end.
         assert default.cpp_seq >= note["default_seq"] - 2 > 10
+        # Where torch calls its collective hooks, the calls issued after the ring appeared are recorded there,
+        # one record per number, none past torch's own counter.
+        seqs = [r.seq for r in collectives(snap) if r.hooked and r.group == "0"]
+        if hooks.available():
+            assert seqs and seqs == list(range(seqs[0], seqs[-1] + 1)) and seqs[-1] <= note["default_seq"]
+        else:
+            assert seqs == []
 
 
 @pytest.mark.timeout(180)

@@ -75,6 +75,10 @@ _HOOK_OPS: dict[str, tuple[str, int, int]] = {
     "SEND": ("isend", FLAG_P2P, _IN),
     "RECV": ("irecv", FLAG_P2P, _OUT),
 }
+# A coalesced call of one tensor is the plain op (torch 2.15's functional all_gather_tensor issues one).
+_SINGLE = {"all_reduce_coalesced": "all_reduce", "all_gather_coalesced": "all_gather",
+           "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+           "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor"}
 _UNSET = object()
 
 
@@ -83,18 +87,20 @@ def available() -> bool:
     return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook") and _op_table() is not None
 
 
-def _op_table() -> list[tuple[int, int, int] | None] | None:
-    """Indexed by the value of torch's ``HookOpName`` members: (ring op code, op flags, tensors), or None for an op not
+def _op_table() -> list[tuple[int, int, int, int] | None] | None:
+    """Indexed by the value of torch's ``HookOpName`` members: (ring op code, op flags, tensors, the op code of a
+    one-tensor call), or None for an op not
     recorded; None where torch has no such enum. (A list, not a dict: hashing a pybind11 enum costs ~0.5 us.)"""
     try:
         from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
     except ImportError:
         return None
-    table: list[tuple[int, int, int] | None] = [None] * (max(int(m.value) for m in HookOpName.__members__.values()) + 1)
+    size = max(int(m.value) for m in HookOpName.__members__.values()) + 1
+    table: list[tuple[int, int, int, int] | None] = [None] * size
     for name, (op, flags, side) in _HOOK_OPS.items():
         member = getattr(HookOpName, name, None)
         if member is not None:
-            table[int(member.value)] = (OP_CODES[op], flags, side)
+            table[int(member.value)] = (OP_CODES[op], flags, side, OP_CODES[_SINGLE.get(op, op)])
     return table
 
 
@@ -171,6 +177,10 @@ class CollectiveHooks:
                     if kind != INTERNAL:
                         break
                     f = f.f_back
+                if f is not None and f.f_back is not None and f.f_lineno == f.f_code.co_firstlineno:
+                    # A function torch.compile runs: its frame reports the ``def`` line, which says nothing;
+                    # the line that called it does.
+                    f = f.f_back
                 pg = group_ref()
                 if pg is None:
                     return
@@ -178,9 +188,11 @@ class CollectiveHooks:
                 if ginfo is None:
                     ginfo = rec.register_group(pg)
                 slot, seqfn, tracked = ginfo
-                code_, flags, side = op
+                code_, flags, side, single = op
                 tensors = args.output_tensors if side else args.input_tensors
                 ntensors = len(tensors)
+                if ntensors == 1 and flags & FLAG_COALESCED:
+                    code_, flags = single, flags & ~FLAG_COALESCED
                 if ntensors:
                     t = tensors[0]
                     shape = t.shape

@@ -34,7 +34,7 @@ def main() -> None:
         for x, y in loader:  # site:loader
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()  # C++ (the DDP reducer) all-reduces the gradient bucket here
+            loss.backward()  # site:backward  (the DDP reducer all-reduces the gradient bucket here, from C++)
             opt.step()
             steps += 1
             total += loss.detach()
