@@ -6,11 +6,16 @@ collectives (DTensor, tensor parallel, ``torch.compile``d graphs, ``_c10d_functi
 The wrapper (:mod:`dtwatch.record.wrapper`) sees only the first kind; without hooks the others are known
 only as a sampled sequence number, their op named later from a Flight Recorder dump.
 
-Contract. :class:`CollectiveHooks` registers one pre-hook and one post-hook on every process group the
-recorder learns of (at creation, through c10d's ``_register_process_group``; at first use; at the
-sampler's scan). The pre-hook writes the same ring record the wrapper writes (op, shape and dtype of the
-first input tensor, tensor count, root or peer, async flag, the group's sequence number, the call site and
-the user's line where the issuing thread has Python frames) plus ``FLAG_HOOKED``. It records nothing for a
+Contract. :class:`CollectiveHooks` registers one pre-hook and one post-hook on every process group as c10d
+registers it (``_register_process_group``, on the thread creating it, before anyone can issue a collective
+on it), and on a group that existed before dtwatch was installed when the main thread first meets it. torch
+keeps a group's hooks in an unlocked map and asks for registration at set-up time, not concurrently with
+collectives: hooks are never added from the sampler's or the attach poll's thread (such a group, created
+before dtwatch and used only from other threads, is then sampled as on an older torch).
+
+The pre-hook writes the same ring record the wrapper writes (op, shape and dtype of the tensor every rank
+passes alike, tensor count, root or peer, async flag, the group's sequence number, the call site and the
+user's line where the issuing thread has Python frames) plus ``FLAG_HOOKED``. It records nothing for a
 call the wrapper is recording: the frames between the hook and the first frame outside torch and dtwatch
 then include the wrapper's (all wrappers share one code object), which is also true of the calls an object
 collective or a batch of p2p ops makes internally, so nothing is counted twice. Completion: on a tracked
@@ -211,6 +216,8 @@ class CollectiveHooks:
                             members[0] = None
                     root, known = args.root, members[0]
                     peer = known[root] if known is not None and 0 <= root < len(known) else root
+                # torch's op_id counts the hook calls (it pairs a pre-hook with its post-hook); the group's sequence
+                # number is what the wrapper and the Flight Recorder use (NCCL numbers p2p ops apart).
                 seq0 = seqfn() if seqfn is not None else 0
                 site, user_site = rec.sites.frame_sites(f) if f is not None else (0, 0)
                 is_async = bool(args.async_op)

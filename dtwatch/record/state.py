@@ -269,7 +269,11 @@ class Recorder:
             self.groups[pg] = entry
             if slot >= 0:
                 self.group_list.append((slot, pg, seqfn))
-        if self.hooks is not None:
+        # torch wants hooks registered at set-up, never while another thread issues collectives on the group
+        # (an unlocked std::map): new groups get them as c10d registers them (recorder._patch_group_creation);
+        # a group that existed before dtwatch was installed gets them here on the main thread only, never
+        # from the sampler's or the attach poll's thread.
+        if self.hooks is not None and threading.current_thread() is threading.main_thread():
             self.hooks.add(pg)
         return entry
 
