@@ -100,3 +100,26 @@ def test_main_thread_frames_of_a_faulthandler_dump():
     )
     frames = main_thread_frames_of(dump)
     assert [(f["line"], f["function"]) for f in frames] == [(110, "save"), (140, "main"), (150, "<module>")]
+
+
+def test_ranks_at_one_line_are_told_apart_by_shape_only_where_every_rank_passes_the_same_shape():
+    from dtwatch.diagnose.compare import _signature
+    from dtwatch.diagnose.model import Position
+    from dtwatch.diagnose.state import Call
+
+    class Ctx:
+        def user_site(self, rank, call):
+            return call.user_site or call.site
+
+    line = {"file": "train.py", "line": 40, "function": "main"}
+
+    def at(rank: int, op: str, fingerprint: str) -> Position:
+        return Position(rank, "blocked", Call(op, "0", 7, line, 0.0, fingerprint=fingerprint, user_site=line))
+
+    # An uneven all_to_all_single, a scatter's root-only input: shapes that legitimately differ.
+    differing = (("all_to_all_single", "[float32:6]", "[float32:10]"), ("scatter", "[float32:16x16]", "[unknown:]"))
+    for op, a, b in differing:
+        assert _signature(Ctx(), at(0, op, op + a)) == _signature(Ctx(), at(1, op, op + b)), op
+    # An all_reduce of different shapes at one line is a real disagreement.
+    assert _signature(Ctx(), at(0, "all_reduce", "all_reduce[float32:4]")) != _signature(
+        Ctx(), at(1, "all_reduce", "all_reduce[float32:8]"))
