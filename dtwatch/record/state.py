@@ -124,6 +124,7 @@ class Recorder:
         self.rank = -1  # this process's rank in the default group (from attach on)
         self.pid = os.getpid()  # a forked child (a DataLoader worker) has another: its exits are not ours
         self.exit_call: dict | None = None  # the latest sys.exit() of this process (its atexit tells it)
+        self.unnumbered: set[str] = set()  # backends whose groups report no sequence number (warned once each)
         # torch's collective hooks on every group, where this torch has them and they are not switched off
         self.hooks: CollectiveHooks | None = (
             CollectiveHooks(self) if config.collective_hooks == "auto" and hooks_available() else None
@@ -248,8 +249,15 @@ class Recorder:
             try:
                 if seqfn is not None:
                     seqfn()
-            except Exception:  # noqa: BLE001 - e.g. not supported by this backend: records carry seq 0
+            except Exception as exc:  # noqa: BLE001 - not supported by this backend: records carry seq 0
                 seqfn = None
+                backend = backend_name(pg)
+                if backend not in self.unnumbered and backend != "fake":  # fake: torch's test backend
+                    self.unnumbered.add(backend)
+                    log.warning("dtwatch: %s process groups do not report their sequence number (%s); their "
+                                "collectives are recorded unnumbered, so the diagnosis cannot line the ranks' calls "
+                                "up by number on them", backend, str(exc).splitlines()[0][:160] if str(exc) else
+                                type(exc).__name__)
             try:
                 members: list[int] | None = list(dist.get_process_group_ranks(pg))
                 group_rank = dist.get_rank(pg)
