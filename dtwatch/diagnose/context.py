@@ -307,7 +307,11 @@ class Context:
         names = self.others(ranks)
         waits = "waited" if ended else verb(ranks, "waits", "wait")
         if first is None:
-            return fields, f"{names} {waits} for it"
+            # Not seen in any collective: they may be computing still, or about to fail the same way; that
+            # they wait for the culprit is not known.
+            if ended:
+                return fields, f"{names} ended as well"
+            return fields, f"{names} {verb(ranks, 'is', 'are')} still running, in no collective seen"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
         returned = first.issued.is_async and first.issued.in_flight  # NCCL's model: the rank waits elsewhere

@@ -230,11 +230,21 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
                  f"{ctx.fmt(ctx.user_site(short[0], short_call))}, after the loop, while {fmt_ranks(more)} "
                  f"{ctx.waits(more)} in {describe(call)} at {ctx.fmt(site)}, inside it ({counts}): "
                  f"{fmt_ranks(short)} issued fewer collectives in the loop"]
-    if certain:
+    steps_short = min(ctx.steps.get(r, 0) for r in short)
+    steps_more = max(ctx.steps.get(r, 0) for r in more)
+    if certain and steps_short <= steps_more + 1:
         parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran as many optimizer steps "
                      f"as {fmt_ranks(more)}, counting the step {fmt_ranks(more)} {verb(more, 'is', 'are')} in; the "
                      "ranks issued a different number of collectives for the same steps, so the backend paired them "
                      "out of step and the last call has no partner")
+    elif certain:
+        # Ahead by more than the step the others are in: their calls were paired with more of the others' calls
+        # per step than they issued themselves.
+        inside = verb(more, "it is", "they are")
+        parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran more optimizer steps "
+                     f"({steps_short}) than {fmt_ranks(more)} ({steps_more}, and the step {inside} in); the ranks "
+                     "issued a different number of collectives per step, so the backend paired "
+                     f"them out of step and {fmt_ranks(short)} finished the loop on the others' calls")
     else:
         parts.append(f"{fmt_ranks(short)} either ran fewer iterations or issued fewer collectives in them; the "
                      "optimizer steps are the same, so the number of collectives per iteration differs by rank")
@@ -248,7 +258,8 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
         parts.append(f"the loop runs DDP's no_sync() at {ctx.fmt(line)}: a rank that enters it on other iterations "
                      "than its peers issues a different number of gradient all-reduces")
     else:
-        parts.append("a rank-dependent skip before backward(), no_sync window or accumulation count does this")
+        parts.append("the usual causes: a rank-dependent skip before backward(), a no_sync window or accumulation "
+                     "count, or a call only some ranks make (an evaluation forward under a rank test)")
     # The deviant: the minority; between equal sides, the side that skipped under a rank test.
     if len(short) != len(more):
         culprits = sorted(short if len(short) < len(more) else more)
