@@ -115,3 +115,22 @@ def test_healthy_functional_jobs_raise_nothing(tmp_path, scenario):
     finally:
         job.stop()
 
+
+
+@pytest.mark.timeout(150)
+def test_an_extra_tensor_parallel_forward_that_pairs_silently_is_named_with_its_rank_test(tmp_path):
+    # Rank 0 runs an evaluation forward of the training batch's shape after every step: its all_reduce pairs with
+    # rank 1's next training call, rank 1 runs through its loop on rank 0's calls and exits; rank 0 then fails.
+    job = launch(tmp_path, "tp_eval_every_step_on_rank0", 2, window=4.0, script=FUNCTIONAL)
+    try:
+        job.wait_incident(timeout=90)
+        f = first_stall(job)
+        assert f["kind"] == "rank_conditional" and f["ranks"] == [0] and f["op"] == "all_reduce", f
+        assert f["site"]["line"] == site_line("every_step_eval", FUNCTIONAL)
+        assert "rank test" in f["summary"] and f"functional_hang.py:{site_line('every_step_branch', FUNCTIONAL)}" in \
+            f["summary"]
+        assert "as many optimizer steps" not in f["summary"]
+        # The ends are told in the order they came: rank 1's clean exit closed the connection rank 0 failed on.
+        assert f["summary"].index("rank 1 then exited") < f["summary"].index("rank 0 then raised")
+    finally:
+        job.stop()

@@ -100,8 +100,11 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
         return None
     ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
+    # In the order the ranks ended (a rank whose end was not recorded last): the first end is often the cause
+    # of the next (a clean exit closes the connections a peer then fails on).
+    when = {s.rank: (s.exit_time or float("inf")) for s in ctx.states if s.gone}
     by_how: dict[str, list[int]] = {}
-    for r, how in sorted(ended.items()):
+    for r, how in sorted(ended.items(), key=lambda item: (when[item[0]], item[0])):
         by_how.setdefault(how, []).append(r)
     then = [f"{fmt_ranks(rs)} then {how}" for how, rs in by_how.items()]
     f.summary = sentence(f.summary, *then, f"now {waiting_txt}" if waiting_txt else "")

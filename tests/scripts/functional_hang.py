@@ -10,6 +10,9 @@ hangs on a rank-conditional call. Used by tests/test_hooks.py.
 * ``compiled_eval_on_rank0``: a model whose forward all-reduces its activations with
   ``torch.distributed._functional_collectives.all_reduce``, compiled with ``torch.compile``; the same
   rank-conditional evaluation forward.
+* ``tp_eval_every_step_on_rank0``: the tensor-parallel job with no collective of its own between steps; rank 0
+  runs an evaluation forward of the training batch's shape after every step, whose all_reduce pairs silently with
+  rank 1's next training calls, so rank 1 runs through its loop on them and exits while rank 0 is mid-way.
 * ``tp_healthy`` / ``compiled_healthy``: the same jobs without the fault (no finding may come of them).
 
 Backend: ``HANG_BACKEND`` (gloo / gloo_async). Before the fault each rank writes
@@ -88,6 +91,19 @@ def main() -> None:
     rank = dist.get_rank()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     metric = torch.zeros(1)
+    if scenario == "tp_eval_every_step_on_rank0":
+        for step in range(1, STEPS + 1):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 1:
+                mark_onset()
+            if rank == 0:  # site:every_step_branch
+                with torch.no_grad():
+                    model(torch.randn(8, 16))  # site:every_step_eval
+        dist.destroy_process_group()
+        return
     for step in range(1, STEPS + 1):
         loss = model(torch.randn(8, 16)).pow(2).mean()
         opt.zero_grad()
