@@ -13,7 +13,7 @@ from dtwatch.diagnose.align import Parting, Token, parting, stream
 from dtwatch.diagnose.context import Context
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.flight import op_family
-from dtwatch.diagnose.model import STALL, WARNING, Finding, Kind
+from dtwatch.diagnose.model import PEER_ERRORS, STALL, WARNING, Finding, Kind
 from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.text import fmt_ranks, parting_summary, sentence
 
@@ -100,11 +100,17 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
         return None
     ended = {s.rank: ctx.how_it_ended(s) for s in ctx.states if s.gone}
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in f.ranks and r not in ended)
-    # In the order the ranks ended (a rank whose end was not recorded last): the first end is often the cause
-    # of the next (a clean exit closes the connections a peer then fails on).
+    # In the order the ranks ended: the first end is often the cause of the next (a clean exit closes the
+    # connections a peer then fails on). A rank that failed on a peer's end ("connection closed by peer") ended
+    # after it, whatever was recorded; a rank whose end was not recorded (a signal) otherwise comes last.
     when = {s.rank: (s.exit_time or float("inf")) for s in ctx.states if s.gone}
+
+    def order(item: tuple[int, str]) -> tuple:
+        rank, how = item
+        return (any(e in how.lower() for e in PEER_ERRORS), when[rank], rank)
+
     by_how: dict[str, list[int]] = {}
-    for r, how in sorted(ended.items(), key=lambda item: (when[item[0]], item[0])):
+    for r, how in sorted(ended.items(), key=order):
         by_how.setdefault(how, []).append(r)
     then = [f"{fmt_ranks(rs)} then {how}" for how, rs in by_how.items()]
     f.summary = sentence(f.summary, *then, f"now {waiting_txt}" if waiting_txt else "")

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from dtwatch.ops import FLAG_COALESCED, FLAG_P2P, OP_CODES
-from dtwatch.record.callsite import INTERNAL
+from dtwatch.record.callsite import INTERNAL, USER
 from dtwatch.record.wrapper import DTYPE_CODES_BY_TORCH, WRAPPER_CODE
 from dtwatch.ring import FLAG_ASYNC, FLAG_ENQUEUED, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_SIZE, STATUS_OK
 from dtwatch.ring.layout import FLAG_HOOKED
@@ -220,6 +220,8 @@ class CollectiveHooks:
                 # number is what the wrapper and the Flight Recorder use (NCCL numbers p2p ops apart).
                 seq0 = seqfn() if seqfn is not None else 0
                 site, user_site = rec.sites.frame_sites(f) if f is not None else (0, 0)
+                if f is not None:
+                    user_site = _called_by_user(table, f, user_site)
                 is_async = bool(args.async_op)
                 on_tracked = tracked is not None and not flags & FLAG_P2P
                 flags |= FLAG_HOOKED | (FLAG_ASYNC if is_async else FLAG_ENQUEUED if on_tracked else 0)
@@ -257,6 +259,26 @@ class CollectiveHooks:
                 rec.fail("recording a collective's end from torch's hook", exc)
 
         return pre_hook, post_hook
+
+
+def _called_by_user(table: Any, f: Any, user_site: int) -> int:
+    """The user's line that led to a call torch issued from inside user code that torch itself called (a module's
+    ``forward`` run by ``model(x)``, a hook): the first user frame that user or library code called. An extra
+    forward under a rank test is told from the training forward by that line, not by the ``forward`` line both
+    run through."""
+    inner = None
+    while f is not None:
+        kind = table.kind(f.f_code)
+        if kind == USER:
+            if inner is None:
+                inner = f
+            caller = f.f_back
+            if caller is None or table.kind(caller.f_code) != INTERNAL:
+                break  # called by user or library code: the line that led here
+        f = f.f_back
+    if f is None or f is inner:
+        return user_site
+    return table.frame_site(f) or user_site
 
 
 __all__ = ["CollectiveHooks", "HOOK_ID", "available"]
