@@ -118,10 +118,13 @@ def test_healthy_functional_jobs_raise_nothing(tmp_path, scenario):
 
 
 @pytest.mark.timeout(150)
-def test_an_extra_tensor_parallel_forward_that_pairs_silently_is_named_with_its_rank_test(tmp_path):
+@pytest.mark.parametrize("scenario", ["tp_eval_every_step_on_rank0", "tp_eval_every_step_on_rank0_own_model"])
+def test_an_extra_tensor_parallel_forward_that_pairs_silently_is_named_with_its_rank_test(tmp_path, scenario):
     # Rank 0 runs an evaluation forward of the training batch's shape after every step: its all_reduce pairs with
     # rank 1's next training call, rank 1 runs through its loop on rank 0's calls and exits; rank 0 then fails.
-    job = launch(tmp_path, "tp_eval_every_step_on_rank0", 2, window=4.0, script=FUNCTIONAL)
+    # With a model class of the user's own, both forwards run through its forward line: the line that called the
+    # model tells them apart.
+    job = launch(tmp_path, scenario, 2, window=4.0, script=FUNCTIONAL)
     try:
         job.wait_incident(timeout=90)
         f = first_stall(job)

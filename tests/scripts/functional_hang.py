@@ -13,6 +13,7 @@ hangs on a rank-conditional call. Used by tests/test_hooks.py.
 * ``tp_eval_every_step_on_rank0``: the tensor-parallel job with no collective of its own between steps; rank 0
   runs an evaluation forward of the training batch's shape after every step, whose all_reduce pairs silently with
   rank 1's next training calls, so rank 1 runs through its loop on them and exits while rank 0 is mid-way.
+  ``..._own_model``: the same with a model class of the user's own, whose ``forward`` every call runs through.
 * ``tp_healthy`` / ``compiled_healthy``: the same jobs without the fault (no finding may come of them).
 
 Backend: ``HANG_BACKEND`` (gloo / gloo_async). Before the fault each rank writes
@@ -53,13 +54,26 @@ def synchronize() -> None:
         sync()  # where a GPU job would call torch.cuda.synchronize()
 
 
-def tp_model():
+class ToyMLP(torch.nn.Module):
+    """A model of the user's own (as in pytorch/examples' tensor-parallel example): its forward is user code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_proj, self.relu, self.out_proj = torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.out_proj(self.relu(self.in_proj(x)))  # site:toy_forward
+
+
+def tp_model(own_model: bool = False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     dist.init_process_group(backend())  # the mesh's one dimension is the default group
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),), mesh_dim_names=("tp",))
     torch.manual_seed(0)
+    if own_model:
+        return parallelize_module(ToyMLP(), mesh, {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel()})
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
     return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
@@ -87,11 +101,11 @@ def compiled_model():
 
 def main() -> None:
     scenario = sys.argv[1]
-    model = tp_model() if scenario.startswith("tp_") else compiled_model()
+    model = tp_model(own_model=scenario.endswith("_own_model")) if scenario.startswith("tp_") else compiled_model()
     rank = dist.get_rank()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     metric = torch.zeros(1)
-    if scenario == "tp_eval_every_step_on_rank0":
+    if scenario.startswith("tp_eval_every_step_on_rank0"):
         for step in range(1, STEPS + 1):
             loss = model(torch.randn(8, 16)).pow(2).mean()
             opt.zero_grad()
