@@ -143,6 +143,10 @@ def _cost(x: Token, y: Token, rare: frozenset = frozenset()) -> float | None:
         # Lines that stand in for each other again and again (both arms of an if/else, Join's shadow calls) pair
         # cheaply; a pair of lines seen once is costlier than one extra call (an extra call that paired silently).
         return ONCE if (x.key, y.key) in rare else SAME_SHAPE
+    if not x.cpp and not y.cpp and x.key[0] == y.key[0] and x.key[2] is not None and x.key[2] == y.key[2]:
+        # The same call of the program with different arguments (DDP's start-up broadcast of models that differ):
+        # one call each, paired by the backend; the argument mismatch is the silent rule's to tell, no parting.
+        return SAME_SHAPE
     return None
 
 

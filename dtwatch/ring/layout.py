@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dtwatch import paths
+from dtwatch.ops import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P
 
 # struct code -> numpy type of one item ("s": bytes, "x": padding are sized by the field's count).
 _NUMPY_TYPES = {"B": "u1", "H": "<u2", "I": "<u4", "i": "<i4", "Q": "<u8", "q": "<i8", "d": "<f8"}
@@ -279,6 +280,8 @@ FLAG_ASYNC = 1  # async_op=True, or always asynchronous (isend)
 FLAG_MARKER = 16  # not a collective: a step marker
 FLAG_ENQUEUED = 32  # a synchronous call that returned before its work completed (NCCL): see the group's completed_seq
 FLAG_HOOKED = 64  # recorded by torch's collective hook: issued without a torch.distributed Python call
+# Every bit a writer sets; a reader refuses a record with any other.
+RECORD_FLAGS = FLAG_ASYNC | FLAG_OBJECT | FLAG_P2P | FLAG_COALESCED | FLAG_MARKER | FLAG_ENQUEUED | FLAG_HOOKED
 
 STATUS_IN_FLIGHT, STATUS_OK, STATUS_ERROR = 0, 1, 2
 

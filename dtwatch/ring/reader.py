@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dtwatch import paths
-from dtwatch.ops import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, OPS
+from dtwatch.ops import OPS
 from dtwatch.ring.layout import (
     DTYPE_ITEMSIZE,
     DTYPES,
@@ -29,8 +29,6 @@ from dtwatch.ring.layout import (
     EXIT_STATE_NAMES,
     FACTS_HEAD,
     FACTS_OFFSET,
-    FLAG_ASYNC,
-    FLAG_ENQUEUED,
     FLAG_HOOKED,
     FLAG_MARKER,
     GROUP,
@@ -48,6 +46,7 @@ from dtwatch.ring.layout import (
     READABLE_VERSIONS,
     RECORD,
     RECORD_DTYPE,
+    RECORD_FLAGS,
     RECORD_SIZE,
     SEQ_CLOCK_BYTES,
     SEQ_CLOCK_COUNT,
@@ -196,11 +195,8 @@ class Record:
     def is_marker(self) -> bool:
         return bool(self.flags & FLAG_MARKER)
 
-    @property
-    def hooked(self) -> bool:
-        """Recorded by torch's collective hook: issued without a ``torch.distributed`` Python call (a functional
-        collective, a compiled graph, DDP's reducer)."""
-        return bool(self.flags & FLAG_HOOKED)
+    # Issued by torch itself (functional, compiled, DDP's reducer), recorded from its hooks: see record.hooks.
+    hooked = property(lambda self: bool(self.flags & FLAG_HOOKED))
 
     @property
     def last_seq(self) -> int:
@@ -515,7 +511,6 @@ def _live_error(data: bytes | memoryview, st: dict, live: dict) -> str:
     return f"{bad[0]} is not a number" if bad else ""
 
 
-_KNOWN_FLAGS = FLAG_ASYNC | FLAG_OBJECT | FLAG_P2P | FLAG_COALESCED | FLAG_MARKER | FLAG_ENQUEUED | FLAG_HOOKED
 _DIMS = np.arange(4)  # dims past a record's ndim are zero; so are the bytes of its padding and reserved fields
 _ZERO_SPANS = [(RECORD.offset(f.name), RECORD.offset(f.name) + f.size) for f in RECORD.fields if f.is_padding]
 
@@ -539,7 +534,7 @@ def _valid_records(recs: np.ndarray, sites_cap: int) -> tuple[np.ndarray, int]:
     cand = recs.view(_RECORD_BYTES)[idx[np.argsort(st)]].view(RECORD_DTYPE)
     raw = cand.view(np.uint8).reshape(len(cand), RECORD_SIZE)
     ok = ((cand["op"] < len(OPS)) & (cand["dtype"] < len(DTYPES)) & (cand["status"] <= 2)
-          & ((cand["flags"] & ~np.uint8(_KNOWN_FLAGS)) == 0) & np.isfinite(cand["t_enter"])
+          & ((cand["flags"] & ~np.uint8(RECORD_FLAGS)) == 0) & np.isfinite(cand["t_enter"])
           & np.isfinite(cand["t_exit"]) & (cand["site"] <= sites_cap) & (cand["user_site"] <= sites_cap)
           & (cand["numel"] >= NUMEL_FROM_SHAPE) & ~((cand["dims"] != 0) & (_DIMS >= cand["ndim"][:, None])).any(axis=1))
     for lo, hi in _ZERO_SPANS:
