@@ -49,26 +49,12 @@ HERE = Path(__file__).resolve()
 # ---------------------------------------------------------------------------------------------------
 def _alternate(fa, fb, blocks: int, n: int) -> tuple[list[float], list[float]]:
     """ns per call of fa and fb, measured in alternating blocks of n calls (order flipped each block)."""
-    ta: list[float] = []
-    tb: list[float] = []
-    clock = time.perf_counter_ns
-    for fn in (fa, fb):  # warm up caches (call-site ids, group lookups)
-        for _ in range(min(n, 200)):
-            fn()
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        for b in range(blocks):
-            order = ((fa, ta), (fb, tb)) if b % 2 == 0 else ((fb, tb), (fa, ta))
-            for fn, out in order:
-                t0 = clock()
-                for _ in range(n):
-                    fn()
-                out.append((clock() - t0) / n)
-    finally:
-        if gc_was:
-            gc.enable()
-    return ta, tb
+    times = _alternate_modes({"a": (_nothing, fa), "b": (_nothing, fb)}, blocks, n)
+    return times["a"], times["b"]
+
+
+def _nothing() -> None:
+    return None
 
 
 def _alternate_modes(modes: dict[str, tuple[Callable[[], None], Callable[[], Any]]], blocks: int,

@@ -116,7 +116,6 @@ def test_healthy_functional_jobs_raise_nothing(tmp_path, scenario):
         job.stop()
 
 
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("scenario", ["tp_eval_every_step_on_rank0", "tp_eval_every_step_on_rank0_own_model"])
 def test_an_extra_tensor_parallel_forward_that_pairs_silently_is_named_with_its_rank_test(tmp_path, scenario):
