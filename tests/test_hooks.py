@@ -11,7 +11,11 @@ import pytest
 from dtwatch.record import hooks
 from tests.harness import SCRIPTS, launch, site_line
 from tests.test_recorder import site_lines
+from tests.tools import ON_CI
 
+if ON_CI and not hooks.available():
+    # CI runs the whole suite on torch 2.15 (.ci/run); the older torch's subset does not list this file.
+    pytest.fail("CI runs these on a torch with collective hooks (>= 2.14); this one has none", pytrace=False)
 pytestmark = pytest.mark.skipif(not hooks.available(), reason="this torch has no collective hooks (torch < 2.14)")
 
 FUNCTIONAL = SCRIPTS / "functional_hang.py"

@@ -143,9 +143,9 @@ def same_device(states: list[RankState], now: float) -> Finding | None:
     counts = {d["count"] for d in on_host if isinstance(d.get("count"), int)}
     count = counts.pop() if len(counts) == 1 else None  # ranks that disagree: not known
     used = len({key for key, v in users.items() if key[0] == host})
+    advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
     if count is not None and count > used:
         where = f"they share one GPU while {count - used} other GPU(s) they can see stay idle; "
-        advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
     elif count is not None:
         where = f"they share one GPU, and the process sees only {used} GPU(s) (CUDA_VISIBLE_DEVICES " \
                 f"{by_rank[ranks[0]].setup.get('cvd') or 'unset'}); "
@@ -153,7 +153,6 @@ def same_device(states: list[RankState], now: float) -> Finding | None:
                   "NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL >= 2.30) if sharing is meant")
     else:
         where = "they share one GPU; "
-        advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
     return _finding(
         Kind.SAME_DEVICE, "same_device", ranks,
         f"{fmt_ranks(ranks)} on {host} (local ranks {', '.join(map(str, local.values()))}) all use "

@@ -94,8 +94,8 @@ def available() -> bool:
 
 def _op_table() -> list[tuple[int, int, int, int] | None] | None:
     """Indexed by the value of torch's ``HookOpName`` members: (ring op code, op flags, tensors, the op code of a
-    one-tensor call), or None for an op not
-    recorded; None where torch has no such enum. (A list, not a dict: hashing a pybind11 enum costs ~0.5 us.)"""
+    one-tensor call), or None for an op not recorded; None where torch has no such enum. (A list, not a dict:
+    hashing a pybind11 enum costs ~0.5 us.)"""
     try:
         from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
     except ImportError:
@@ -161,12 +161,9 @@ class CollectiveHooks:
             if mm is None:
                 return
             try:
-                value = args.name.value
-                op = ops[value] if value < nops else None
-                if op is None:
-                    return
                 # Frames of torch (and dtwatch) between here and the code that issued the call: the wrapper's
-                # among them means the wrapper records it. None: a thread without Python frames (C++).
+                # among them means the wrapper records it (the common case, so looked at first). None: a thread
+                # without Python frames (C++).
                 try:
                     f: Any = getframe(1)
                 except ValueError:
@@ -182,6 +179,10 @@ class CollectiveHooks:
                     if kind != INTERNAL:
                         break
                     f = f.f_back
+                value = args.name.value
+                op = ops[value] if value < nops else None
+                if op is None:
+                    return
                 if f is not None and f.f_back is not None and f.f_lineno == f.f_code.co_firstlineno:
                     # A function torch.compile runs: its frame reports the ``def`` line, which says nothing;
                     # the line that called it does.
@@ -223,7 +224,7 @@ class CollectiveHooks:
                 if f is not None:
                     user_site = _called_by_user(table, f, user_site)
                 is_async = bool(args.async_op)
-                on_tracked = tracked is not None and not flags & FLAG_P2P
+                on_tracked = tracked if not flags & FLAG_P2P else None
                 flags |= FLAG_HOOKED | (FLAG_ASYNC if is_async else FLAG_ENQUEUED if on_tracked else 0)
                 stamp = next(rec.stamps)
                 off = rec.records_off + ((stamp - 1) % rec.capacity) * RECORD_SIZE
@@ -231,8 +232,8 @@ class CollectiveHooks:
                     mm, off, stamp, seq0 + 1, now(), code_, dt, ndim if ndim < 256 else 255, flags,
                     ntensors if ntensors < 256 else 255, slot, site, rec.step, numel, peer, *shape, user_site, stamp,
                 )
-                if on_tracked and tracked is not None:  # completes when the watermark passes it (record.completion)
-                    tracked.enqueued.append((seq0 + 1, off, stamp, 1))
+                if on_tracked is not None:  # completes when the watermark passes it (record.completion)
+                    on_tracked.enqueued.append((seq0 + 1, off, stamp, 1))
                 else:
                     if len(waiting) > 256:  # calls that raised before their post-hook: let them go
                         waiting.clear()
