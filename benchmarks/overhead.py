@@ -98,6 +98,13 @@ def _row(base: list[float], wrapped: list[float]) -> dict:
     }
 
 
+def _rows(times: dict[str, list[float]]) -> dict:
+    """Each path's row against torch alone (``times["torch"]``), and torch's own ns per call."""
+    base = times["torch"]
+    rows = {path: _row(base, t) for path, t in times.items() if path != "torch"}
+    return {"torch_ns": round(statistics.median(base), 1), **rows}
+
+
 def _long_function_caller(fn, arg):
     """A zero-argument callable whose call of ``fn(arg)`` sits at the end of a 60-statement function."""
     body = "\n".join(f"        v{i} = {i} * 1.5 + len('value {i}')" for i in range(60))
@@ -133,7 +140,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
 
     import dtwatch
     from dtwatch.ops import OpSpec, bind
-    from dtwatch.record import recorder
+    from dtwatch.record import native, recorder
 
     def spec_of(name: str, fn: Callable[..., Any]) -> OpSpec:
         spec = bind(name, fn)
@@ -153,16 +160,27 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
     c10d = dist.distributed_c10d
     rec = recorder.active()
     assert rec is not None, "dtwatch.install() left no active recorder"
+    fastpath = native.load() if rec.config.native != "off" else None
     t = torch.ones(1)
     out = torch.empty(1)
-    cases = {
-        "all_reduce": (lambda f: (lambda: f(t))),
-        "barrier": (lambda f: (lambda: f())),
-        "broadcast": (lambda f: (lambda: f(t, 0))),
-        "all_gather_into_tensor": (lambda f: (lambda: f(out, t))),
-    }
+
+    def library(depth: int) -> Callable[[Callable[..., Any]], Callable[[], Any]]:
+        return lambda f: _through_library_caller(f, t, depth)
+
+    # (case, the op whose wrapper it times, how a call is made from the function under test)
+    cases: list[tuple[str, str, Callable[[Callable[..., Any]], Callable[[], Any]]]] = [
+        ("all_reduce", "all_reduce", lambda f: (lambda: f(t))),
+        ("all_reduce, async + wait", "all_reduce", lambda f: (lambda: f(t, async_op=True).wait())),
+        ("all_reduce via 2 library frames", "all_reduce", library(2)),
+        ("all_reduce via 6 library frames", "all_reduce", library(6)),
+        ("barrier", "barrier", lambda f: (lambda: f())),
+        ("broadcast", "broadcast", lambda f: (lambda: f(t, 0))),
+        ("all_gather_into_tensor", "all_gather_into_tensor", lambda f: (lambda: f(out, t))),
+        ("all_gather_object", "all_gather_object", lambda f: (lambda: f([None], 1))),
+    ]
     result: dict = {"collective": {}, "hot_path": {}, "backend": backend,
-                    "completion_tracked": bool(getattr(rec, "tracked", None))}
+                    "completion_tracked": bool(getattr(rec, "tracked", None)),
+                    "native_loaded": fastpath is not None, "native_load_error": native.load_error()}
     # torch >= 2.14: dtwatch registers torch's collective hooks on the group (dtwatch.record.hooks), which torch
     # then calls for every collective, the wrapped ones too. "Torch alone" is timed with them removed.
     hooks, pg = rec.hooks, c10d._get_default_group()
@@ -176,19 +194,27 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         if hooks is not None:
             hooks.remove(pg)
 
-    for name, make in cases.items():
-        wrapper = getattr(dist, name)
-        original = _original(wrapper)
-        times = _alternate_modes({"base": (hooks_off, make(original)), "dtwatch": (hooks_on, make(wrapper))},
-                                 blocks, calls)
-        result["collective"][name] = _row(times["base"], times["dtwatch"])
+    def paths(name: str, fn: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
+        """The native and the Python wrapper of ``fn`` as op ``name`` (the native one where the op takes it)."""
+        spec = spec_of(name, _original(getattr(dist, name)))
+        found = {"native": native.make_native_wrapper(fastpath, rec, fn, spec),
+                 "python": recorder._make_wrapper(rec, fn, spec)}
+        return {path: w for path, w in found.items() if w is not None}
 
-        def noop(*args, **kwargs):
-            return None
+    def noop(*args: Any, **kwargs: Any) -> Any:
+        return None
 
-        hot = recorder._make_wrapper(rec, noop, spec_of(name, original))
-        base, wrapped = _alternate(make(noop), make(hot), blocks, noop_calls)
-        result["hot_path"][name] = _row(base, wrapped)
+    for case, name, make in cases:
+        original = _original(getattr(dist, name))
+        modes = {"torch": (hooks_off, make(original))}
+        modes.update({path: (hooks_on, make(w)) for path, w in paths(name, original).items()})
+        times = _alternate_modes(modes, blocks, calls)
+        result["collective"][case] = _rows(times)
+        if case.startswith("all_reduce,"):
+            continue
+        hot = _alternate_modes({"torch": (hooks_off, make(noop))} | {
+            path: (hooks_off, make(w)) for path, w in paths(name, noop).items()}, blocks, noop_calls)
+        result["hot_path"][case] = _rows(hot)
     if hooks is not None:
         result["hooks"] = bench_hooks(hooks_on, hooks_off, t, pg, blocks, calls)
     hooks_on()
@@ -205,18 +231,10 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         result["sampler_tick"]["added_us"] / 1e6 / rec.config.sample_interval * 100, 4)
     # Call sites in real training code sit late in long functions; site resolution must not cost more
     # there (CPython neither caches a code object's hash nor makes f_lineno cheap late in a function).
-    original = _original(dist.all_reduce)
-    hot = recorder._make_wrapper(rec, lambda *a, **k: None, spec_of("all_reduce", original))
-    base, wrapped = _alternate(_long_function_caller(lambda *a, **k: None, t),
-                               _long_function_caller(hot, t), blocks, noop_calls)
-    result["hot_path"]["all_reduce, called late in a 60-line function"] = _row(base, wrapped)
-    # Through a wrapper library (Lightning, Accelerate): the site is the library's line, the user's site
-    # the line that called the library; neither can be cached by the immediate caller, so this is the
-    # walking path.
-    for depth in (2, 6):
-        base, wrapped = _alternate(_through_library_caller(lambda *a, **k: None, t, depth),
-                                   _through_library_caller(hot, t, depth), blocks, noop_calls)
-        result["hot_path"][f"all_reduce, called through a library ({depth} frames)"] = _row(base, wrapped)
+    late = _alternate_modes({"torch": (hooks_off, _long_function_caller(noop, t))} | {
+        path: (hooks_off, _long_function_caller(w, t)) for path, w in paths("all_reduce", noop).items()},
+        blocks, noop_calls)
+    result["hot_path"]["all_reduce, late in a 60-line function"] = _rows(late)
     # A DataLoader epoch starting: dtwatch's __iter__ wrapper notes the loader (and its setup facts, and hands
     # the first batch to a background thread to be fingerprinted); timed as iterator creation + first batch.
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -447,19 +465,25 @@ def print_table(res: dict) -> None:
     print(f"dtwatch recorder overhead  (torch {env['torch']}, Python {env['python']}, {env['cpus']} CPUs, "
           f"{env['machine']})")
     print()
-    print("(a) per call, one-rank gloo group; median over alternating blocks")
-    header = f"  {'op':<24} {'baseline ns':>12} {'dtwatch ns':>11} {'added us':>9} {'ratio':>6}   added us IQR"
+    pc = res["per_call"]
+    print(f"(a) per call, one-rank {pc['backend']} group; median over alternating blocks. Added: what dtwatch adds "
+          "to torch alone (us, and as % of torch's own per-call time), by the native path and by the Python path")
+    if not pc["native_loaded"]:
+        print(f"  (the native path did not load: {pc['native_load_error']})")
+    header = f"  {'':<34} {'torch us':>9} {'native +us':>11} {'(%)':>7} {'python +us':>11} {'(%)':>7}"
     for title, key in (("wrapped collective (collective included)", "collective"),
-                       ("hot path alone (wrapper around a no-op; target <= 1 us)", "hot_path")):
+                       ("hot path alone (wrapper around a no-op; target <= 0.5 us native, <= 1 us via 6 frames)",
+                        "hot_path")):
         print(f" {title}")
         print(header)
-        for op, r in res["per_call"][key].items():
-            lo, hi = r["added_us_iqr"]
-            if len(op) > 24:
-                print(f"  {op}")
-                op = ""
-            print(f"  {op:<24} {r['baseline_ns']:>12.0f} {r['wrapped_ns']:>11.0f} {r['added_us']:>9.3f} "
-                  f"{r['ratio']:>6.2f}   [{lo:.3f}, {hi:.3f}]")
+        for case, r in pc[key].items():
+            cells = []
+            for path in ("native", "python"):
+                row = r.get(path)
+                pct = f"{(row['wrapped_ns'] - row['baseline_ns']) / row['baseline_ns'] * 100:.0f}%" if row and \
+                    key == "collective" else ""
+                cells.append(f"{row['added_us']:>11.3f} {pct:>7}" if row else f"{'-':>11} {'':>7}")
+            print(f"  {case:<34} {r['torch_ns'] / 1000:>9.2f} {cells[0]} {cells[1]}")
     hooks = res["per_call"].get("hooks")
     if hooks:
         print(" torch's collective hooks (torch >= 2.14), all_reduce of one float, against torch alone")
@@ -545,7 +569,8 @@ def main() -> None:
     if not args.no_ddp:
         d = res["ddp"] = bench_ddp(ddp_blocks, ddp_steps, 1 if quick else 2, timeout=600)
         pc = res["per_call"]
-        per_step_us = pc["collective"]["all_reduce"]["added_us"] + pc["step_hook"]["added_us"]
+        row = pc["collective"]["all_reduce"]
+        per_step_us = row.get("native", row["python"])["added_us"] + pc["step_hook"]["added_us"]
         d["estimated_overhead_pct"] = round(
             per_step_us / 1000 / d["median_step_ms_off"] * 100 + pc["sampler_tick"]["duty_pct"], 4)
         if args.exporters:

@@ -208,6 +208,10 @@ class Config:
     """``auto``: on torch >= 2.14, also record the collectives no ``torch.distributed`` Python function issued
     (functional collectives, tensor parallel, compiled graphs, DDP's reducer) from torch's collective hooks;
     ``off``: the wrapper only (such calls are then seen as sequence numbers, named from a Flight Recorder dump)."""
+    native: str = "auto"
+    """The recording path of the collectives that pass one tensor or none (see :mod:`dtwatch.record.native`):
+    ``auto``: the native extension where it loads, else the Python path with one warning; ``on``: the native
+    one, or an error at install saying why it cannot load; ``off``: the Python path."""
     allow_ptrace: bool = False
     """Let any process of the same user ptrace this rank (``PR_SET_PTRACER_ANY``), so a watchdog sidecar's
     py-spy works on hosts with Yama ``ptrace_scope=1``. Linux only; off by default."""
@@ -268,6 +272,7 @@ OPTIONS: dict[str, Option] = {
     "allow_ptrace": Option("DTWATCH_ALLOW_PTRACE", parse_bool, _is_bool, "1/0, true/false"),
     "collective_hooks": Option("DTWATCH_COLLECTIVE_HOOKS", str.lower, lambda v: v in ("auto", "off"),
                                "'auto' or 'off'"),
+    "native": Option("DTWATCH_NATIVE", str.lower, lambda v: v in ("auto", "on", "off"), "'auto', 'on' or 'off'"),
 }
 
 ENABLED = Option(ENV_ENABLED, parse_bool, _is_bool, "1/0, true/false")

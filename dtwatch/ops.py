@@ -173,6 +173,13 @@ class OpSpec:
     peer_pos: int
 
     @property
+    def returns_before_completion(self) -> bool:
+        """Whether a synchronous call returns before it completes on a tracked group (NCCL): collectives, except
+        a barrier (it blocks the CPU on NCCL too) and object collectives (they copy the result to the CPU, which
+        synchronises). Synchronous p2p ops are stamped when they return: their completion is not tracked."""
+        return not (self.kind.flags & (FLAG_P2P | FLAG_OBJECT) or self.name in ("barrier", "monitored_barrier"))
+
+    @property
     def spans_several(self) -> bool:
         """Whether the call may use other than exactly one group sequence number."""
         return self.kind.composite or bool(self.kind.flags & (FLAG_P2P | FLAG_COALESCED))

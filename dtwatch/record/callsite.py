@@ -127,6 +127,12 @@ class SiteTable:
             f = f.f_back
         return site, site
 
+    def call_sites(self, f: FrameType) -> tuple[int, int, bool]:
+        """:meth:`frame_sites` of a call made in ``f``, and whether they hold for every call made at ``f``'s
+        instruction (``f`` is user code: a direct call), which the native path then caches by position."""
+        site, user_site = self.frame_sites(f)
+        return site, user_site, bool(site) and self.kind(f.f_code) == USER
+
     def _user_position(self, f: FrameType) -> tuple[int, int]:
         site = self._new_site(f)
         ids = (site, site)

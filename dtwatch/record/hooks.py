@@ -87,6 +87,10 @@ _SINGLE = {"all_reduce_coalesced": "all_reduce", "all_gather_coalesced": "all_ga
 _UNSET = object()
 
 
+def _never() -> bool:
+    return False
+
+
 def available() -> bool:
     """Whether this torch calls process-group hooks for every collective (torch >= 2.14)."""
     return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook") and _op_table() is not None
@@ -150,15 +154,17 @@ class CollectiveHooks:
             self.remove(pg)
 
     def _hooks_for(self, group_ref: Callable[[], Any]) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+        fastpath = self.rec.fastpath
         rec, ops, nops, dtypes = self.rec, self.ops, len(self.ops), DTYPE_CODES_BY_TORCH
         entries, now, getframe, wrapper_code = RECORD_ENTRY_BY_NDIM, time.time, sys._getframe, WRAPPER_CODE
+        native_inside = fastpath.inside if fastpath is not None else _never
         # op_id -> (record offset, stamp) of an untracked group's call, until its post-hook gives the Work.
         waiting: dict[int, tuple[int, int]] = {}
         members: list[Any] = [_UNSET]  # the group's global ranks, read at its first p2p op
 
         def pre_hook(args: Any) -> None:
             mm = rec.mm
-            if mm is None:
+            if mm is None or native_inside():  # the native wrapper is recording this call
                 return
             try:
                 # Frames of torch (and dtwatch) between here and the code that issued the call: the wrapper's

@@ -30,6 +30,8 @@ import torch.distributed as dist
 from dtwatch import paths
 from dtwatch.config import Config
 from dtwatch.ops import OP_KINDS, bind
+from dtwatch.record.native import choose as choose_native
+from dtwatch.record.native import make_native_wrapper
 from dtwatch.record.state import Recorder
 from dtwatch.record.wrapper import make_wrapper
 from dtwatch.ring import EXIT_DETACHED
@@ -69,7 +71,9 @@ def install(**options: Any) -> bool:
         if not dist.is_available():
             log.warning("dtwatch: torch.distributed is not available in this torch build; nothing to record")
             return False
+        fastpath = choose_native(config.native)  # raises ConfigError for native='on' that cannot load
         rec = Recorder(config)
+        rec.fastpath = fastpath
         _apply_env(rec)
         c10d = dist.distributed_c10d
         for name in OP_KINDS:
@@ -80,7 +84,7 @@ def install(**options: Any) -> bool:
             if spec is None:
                 log.warning("dtwatch: torch.distributed.%s has an unexpected signature; not recorded", name)
                 continue
-            wrapper = make_wrapper(rec, original, spec)
+            wrapper = make_native_wrapper(fastpath, rec, original, spec) or make_wrapper(rec, original, spec)
             _patch(rec, c10d, name, wrapper)
             if getattr(dist, name, None) is original:
                 _patch(rec, dist, name, wrapper)

@@ -24,7 +24,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,6 +101,7 @@ class Recorder:
         self.explicit_steps = False
         self.pending = PendingWork()  # async work without a future, polled off the training thread
         self.tls = ThreadState()
+        self.fastpath: ModuleType | None = None  # the native recording path's module, where it records (install)
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
         # This ring's loader table: (loader identity, loop site, user site) -> its entry (see loader_started).
         self.loader_index: dict[tuple[int, int, int], LoaderSlot] = {}

@@ -26,7 +26,6 @@ from dtwatch.ring import (
     DTYPE_CODES,
     FLAG_ASYNC,
     FLAG_ENQUEUED,
-    FLAG_OBJECT,
     FLAG_P2P,
     NUMEL_FROM_SHAPE,
     RECORD_ENTRY_BY_NDIM,
@@ -47,6 +46,14 @@ for _name, _code in DTYPE_CODES.items():
         DTYPE_CODES_BY_TORCH[_dt] = _code
 
 
+def _never() -> bool:
+    return False
+
+
+def _none() -> None:
+    return None
+
+
 def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
     """The one recording path. Everything specific to an op is in ``spec``, bound here once."""
     op, payload, flags = spec.code, spec.kind.payload, spec.kind.flags
@@ -54,18 +61,18 @@ def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> C
     ppos, pname = spec.payload_pos, spec.kind.payload_arg or ""
     gpos, apos, peer_pos, peer_name = spec.group_pos, spec.async_pos, spec.peer_pos, spec.kind.peer_arg or ""
     always_async, composite, spans = spec.kind.always_async, spec.kind.composite, spec.spans_several
-    is_p2p = bool(flags & FLAG_P2P)
-    # Which synchronous calls return before completing on a tracked group: collectives, except a barrier
-    # (it blocks the CPU on NCCL too) and object collectives (they copy the result to the CPU, which
-    # synchronises). Synchronous p2p ops are stamped when they return: their completion is not tracked.
-    tracked_sync = not (is_p2p or flags & FLAG_OBJECT or spec.name in ("barrier", "monitored_barrier"))
+    is_p2p, tracked_sync = bool(flags & FLAG_P2P), spec.returns_before_completion
     tls, groups, dtypes = rec.tls, rec.groups, DTYPE_CODES_BY_TORCH
+    # With the native path loaded, a call it is recording (a composite's inner calls) is its own, and a composite
+    # recorded here tells it the same (dtwatch.record.native).
+    fastpath = rec.fastpath
+    inside, enter, leave = (fastpath.inside, fastpath.enter, fastpath.leave) if fastpath else (_never, _none, _none)
     entries, exit_pack, now, getframe = RECORD_ENTRY_BY_NDIM, RECORD_EXIT.pack_into, time.time, sys._getframe
 
     @functools.wraps(original)
     def dtwatch_recorded(*args: Any, **kwargs: Any) -> Any:
         mm = rec.mm
-        if mm is None or tls.busy:
+        if mm is None or tls.busy or inside():
             return original(*args, **kwargs)
         off = -1
         try:
@@ -134,6 +141,7 @@ def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> C
             off = -1
         if composite:
             tls.busy = True
+            enter()
         try:
             result = original(*args, **kwargs)
         except BaseException:
@@ -143,6 +151,7 @@ def make_wrapper(rec: Recorder, original: Callable[..., Any], spec: OpSpec) -> C
         finally:
             if composite:
                 tls.busy = False
+                leave()
         if off >= 0:
             try:
                 span = seqfn() - seq0 if spans and seqfn is not None else 1

@@ -1,0 +1,706 @@
+/* dtwatch's native recording path: the wrapper of the single-tensor and no-tensor collectives, in C.
+ *
+ * Contract: the same as dtwatch/record/wrapper.py's Python wrapper (the one recording path), whose record
+ * it writes byte for byte: one fixed-size record into the rank's ring before calling the original, the exit
+ * stamped after. What is rare or complex stays in Python and is called from here: registering a group met
+ * the first time, resolving a call site the first time (Recorder.sites.call_sites), the completion of
+ * async calls (Recorder.track_async / finish), dtwatch's own failures (Recorder.fail). The record's layout
+ * (field offsets and sizes) is given by dtwatch.ring.layout at configure(); nothing of it is counted here.
+ *
+ * Cost: the per-call work is the argument inspection, one lookup in a cache of call sites by (code object,
+ * instruction offset), the group's sequence number (a call into torch), and two writes into the mapping.
+ * No lock and no allocation beyond the few small objects the Python API hands back.
+ *
+ * Failure policy: never raises into the caller on its own account and never changes arguments or results;
+ * a failure of its own is handed to Recorder.fail (one warning per process) and the call goes through
+ * unrecorded. The mapping is taken as a buffer only for the moment of a write, so a ring being closed
+ * (a new default group) raises here and is reported, never written after unmapping.
+ *
+ * Built with CPython's C API only: no torch headers, so one build serves every torch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the record's layout, from dtwatch.ring.layout (configure) ---------------------------------------- */
+enum {
+    F_STAMP, F_SEQ, F_T_ENTER, F_T_EXIT, F_SEQ_SPAN, F_STATUS, F_OP, F_DTYPE, F_NDIM, F_FLAGS, F_NTENSORS,
+    F_GROUP, F_SITE, F_STEP, F_NUMEL, F_PEER, F_DIMS, F_USER_SITE, F_STAMP2, N_FIELDS
+};
+static const char *field_names[N_FIELDS] = {
+    "stamp", "seq", "t_enter", "t_exit", "seq_span", "status", "op", "dtype", "ndim", "flags", "ntensors",
+    "group", "site", "step", "numel", "peer", "dims", "user_site", "stamp2",
+};
+static const Py_ssize_t field_sizes[N_FIELDS] = {8, 8, 8, 8, 4, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 4, 32, 4, 8};
+static Py_ssize_t off_of[N_FIELDS];
+static Py_ssize_t record_size = 0; /* 0: not configured */
+static PyObject *dtype_codes = NULL;  /* torch.dtype -> the ring's code */
+static long long numel_from_shape = -2;
+static int flag_async = 1, flag_enqueued = 32;
+static int status_ok = 1, status_error = 2;
+
+#define MAX_RECORD 512
+
+/* Interned attribute names. */
+static PyObject *s_mm, *s_step, *s_records_off, *s_capacity, *s_stamps, *s_default_pg, *s_groups, *s_sites,
+    *s_shape, *s_dtype, *s_numel, *s_register_group, *s_call_sites, *s_fail, *s_track_async, *s_enqueued,
+    *s_group, *s_async_op;
+
+/* A thread inside a native wrapper's original call (what torch's collective hooks check: the wrapper records
+ * the call), and what makes a nested wrapped call pass through (a composite op's inner calls). */
+static _Thread_local int depth = 0;
+
+/* ---- the call-site cache: (code object, instruction offset) -> (site, user site) ---------------------- */
+#define CACHE_SLOTS 4096 /* a power of two; filled to at most three quarters, then misses go to Python */
+typedef struct {
+    PyObject *code; /* a strong reference: the address is never reused for another code object */
+    int lasti;
+    uint32_t site, user_site;
+} SiteEntry;
+static SiteEntry site_cache[CACHE_SLOTS];
+static int site_cache_used = 0;
+static PyObject *site_cache_owner = NULL; /* the mapping the cached ids belong to (a new ring: new ids) */
+
+static void site_cache_clear(PyObject *owner) {
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        Py_CLEAR(site_cache[i].code);
+    }
+    site_cache_used = 0;
+    Py_XINCREF(owner);
+    Py_XSETREF(site_cache_owner, owner);
+}
+
+static inline size_t site_hash(PyObject *code, int lasti) {
+    uintptr_t h = ((uintptr_t)code >> 4) * 0x9E3779B97F4A7C15ull;
+    return (size_t)((h ^ (uintptr_t)lasti * 0x85EBCA77u) & (CACHE_SLOTS - 1));
+}
+
+static SiteEntry *site_lookup(PyObject *code, int lasti) {
+    size_t i = site_hash(code, lasti);
+    for (;;) {
+        SiteEntry *e = &site_cache[i];
+        if (e->code == NULL) return e;
+        if (e->code == code && e->lasti == lasti) return e;
+        i = (i + 1) & (CACHE_SLOTS - 1);
+    }
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------------- */
+static inline double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* args[pos] if given positionally, else the keyword argument `name` (borrowed; NULL if absent). */
+static inline PyObject *arg_at(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Py_ssize_t pos,
+                               PyObject *name) {
+    if (pos >= 0 && pos < nargs) return args[pos];
+    if (kwnames == NULL || name == NULL) return NULL;
+    Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (PyTuple_GET_ITEM(kwnames, i) == name) return args[nargs + i];
+    }
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), name) == 0) return args[nargs + i];
+    }
+    return NULL;
+}
+
+static inline long long int_attr(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return x;
+}
+
+/* The instruction offset of a frame, as f_lasti gives it (the cache's key; Python's own cache uses the same). */
+static inline int frame_lasti(PyFrameObject *frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(frame);
+#else
+    return frame->f_lasti;
+#endif
+}
+
+#define PUT(buf, field, type, value)                                      \
+    do {                                                                  \
+        type v_ = (type)(value);                                          \
+        memcpy((buf) + off_of[field], &v_, sizeof(type));                 \
+    } while (0)
+
+/* Hand dtwatch's own failure (the pending exception) to rec.fail(what, exc); never raises. */
+static void report_failure(PyObject *rec, PyObject *what) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *r = PyObject_CallMethodObjArgs(rec, s_fail, what, value ? value : Py_None, NULL);
+    if (r == NULL) PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* ---- the wrapper ----------------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *original;
+    PyObject *rec;
+    PyObject *dict;         /* functools.wraps' attributes (__wrapped__, __name__, __doc__, ...) */
+    PyObject *weaklist;
+    PyObject *payload_name; /* NULL: no tensor argument (barrier) */
+    PyObject *peer_name;
+    PyObject *what;         /* "recording <op>" */
+    PyObject *what_end;     /* "recording the end of <op>" */
+    vectorcallfunc vectorcall;
+    Py_ssize_t payload_pos, group_pos, async_pos, peer_pos;
+    int op, flags, always_async, composite, spans, is_p2p, tracked_sync;
+} Recorded;
+
+static PyObject *recorded_call_original(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+}
+
+/* Write `len` bytes at `off` of the ring the mapping `mm` holds; -1 with an exception if it cannot. */
+static int write_ring(PyObject *mm, Py_ssize_t off, const char *src, Py_ssize_t len) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) return -1;
+    if (off < 0 || off + len > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "record offset outside the ring");
+        return -1;
+    }
+    memcpy((char *)view.buf + off, src, (size_t)len);
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Recorded *self = (Recorded *)callable;
+    PyObject *rec = self->rec;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+
+    if (depth > 0) return recorded_call_original(self, args, nargsf, kwnames);
+    PyObject *mm = PyObject_GetAttr(rec, s_mm);
+    if (mm == NULL) {
+        PyErr_Clear();
+        return recorded_call_original(self, args, nargsf, kwnames);
+    }
+    if (mm == Py_None) {
+        Py_DECREF(mm);
+        return recorded_call_original(self, args, nargsf, kwnames);
+    }
+    Py_ssize_t off = -1;
+    long long stamp = 0, seq0 = 0;
+    int is_async = 0;
+    PyObject *seqfn = NULL, *tracked = NULL, *enqueue_on = NULL; /* strong references */
+    {
+        char buf[MAX_RECORD];
+        long long dims[4] = {0, 0, 0, 0};
+        int ndim = 0, dt = 0;
+        long long numel = 0, peer = -1;
+        PyObject *group, *ginfo = NULL, *frame_code = NULL;
+
+        group = arg_at(args, nargs, kwnames, self->group_pos, s_group);
+        if (self->payload_name != NULL) {
+            PyObject *t = arg_at(args, nargs, kwnames, self->payload_pos, self->payload_name);
+            if (t == NULL) t = Py_None;
+            PyObject *shape = PyObject_GetAttr(t, s_shape);
+            if (shape == NULL) goto failed;
+            PyObject *seq = PySequence_Fast(shape, "a tensor's shape");
+            Py_DECREF(shape);
+            if (seq == NULL) goto failed;
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+            ndim = n > 255 ? 255 : (int)n;
+            for (Py_ssize_t i = 0; i < n && i < 4; i++) {
+                dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            }
+            Py_DECREF(seq);
+            if (PyErr_Occurred()) goto failed;
+            PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+            if (dtype == NULL) goto failed;
+            PyObject *code = PyDict_GetItemWithError(dtype_codes, dtype);
+            Py_DECREF(dtype);
+            if (code == NULL && PyErr_Occurred()) goto failed;
+            dt = code ? (int)PyLong_AsLong(code) : 0;
+            if (n <= 4) {
+                numel = numel_from_shape; /* the reader derives it from the dims */
+            } else {
+                PyObject *v = PyObject_CallMethodNoArgs(t, s_numel);
+                if (v == NULL) goto failed;
+                numel = PyLong_AsLongLong(v);
+                Py_DECREF(v);
+                if (PyErr_Occurred()) goto failed;
+            }
+        }
+        if (self->peer_pos >= 0 || self->peer_name != NULL) {
+            PyObject *p = arg_at(args, nargs, kwnames, self->peer_pos, self->peer_name);
+            if (p != NULL && p != Py_None) {
+                peer = PyLong_AsLongLong(p);
+                if (PyErr_Occurred()) goto failed;
+            }
+        }
+        if (group == NULL || group == Py_None) {
+            group = PyObject_GetAttr(rec, s_default_pg);
+            if (group == NULL) goto failed;
+        } else {
+            Py_INCREF(group);
+        }
+        {
+            PyObject *groups = PyObject_GetAttr(rec, s_groups);
+            if (groups == NULL) {
+                Py_DECREF(group);
+                goto failed;
+            }
+            ginfo = PyDict_GetItemWithError(groups, group);
+            Py_XINCREF(ginfo);
+            Py_DECREF(groups);
+            if (ginfo == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(group);
+                    goto failed;
+                }
+                ginfo = PyObject_CallMethodOneArg(rec, s_register_group, group);
+            }
+            Py_DECREF(group);
+            if (ginfo == NULL) goto failed;
+        }
+        if (!PyTuple_Check(ginfo) || PyTuple_GET_SIZE(ginfo) != 3) {
+            Py_DECREF(ginfo);
+            PyErr_SetString(PyExc_TypeError, "a group entry is not (slot, sequence reader, tracked)");
+            goto failed;
+        }
+        long slot = PyLong_AsLong(PyTuple_GET_ITEM(ginfo, 0));
+        seqfn = PyTuple_GET_ITEM(ginfo, 1);
+        tracked = PyTuple_GET_ITEM(ginfo, 2);
+        if (seqfn == Py_None) seqfn = NULL;
+        if (tracked == Py_None) tracked = NULL;
+        Py_XINCREF(seqfn);
+        Py_XINCREF(tracked);
+        Py_DECREF(ginfo);
+        if (slot == -1 && PyErr_Occurred()) goto failed;
+        if (seqfn != NULL) {
+            PyObject *v = PyObject_CallNoArgs(seqfn);
+            if (v == NULL) goto failed;
+            seq0 = PyLong_AsLongLong(v);
+            Py_DECREF(v);
+            if (PyErr_Occurred()) goto failed;
+        }
+        if (self->always_async) {
+            is_async = 1;
+        } else if (self->async_pos >= 0) {
+            PyObject *a = arg_at(args, nargs, kwnames, self->async_pos, s_async_op);
+            if (a != NULL) {
+                is_async = PyObject_IsTrue(a);
+                if (is_async < 0) goto failed;
+            }
+        }
+        /* On a tracked group (NCCL) a synchronous collective returns before it completes: its record stays in
+         * flight until the group's completions pass it (dtwatch.record.completion). */
+        if (self->tracked_sync && !is_async && tracked != NULL) {
+            enqueue_on = tracked;
+            Py_INCREF(enqueue_on);
+        }
+
+        /* The call site: the calling frame (a C callable runs in its caller's frame), cached by position. */
+        uint32_t site = 0, user_site = 0;
+        {
+            PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+            if (site_cache_owner != mm) site_cache_clear(mm);
+            if (frame != NULL) {
+                frame_code = (PyObject *)PyFrame_GetCode(frame);
+                int lasti = frame_lasti(frame);
+                SiteEntry *e = site_lookup(frame_code, lasti);
+                if (e->code != NULL) {
+                    site = e->site;
+                    user_site = e->user_site;
+                } else {
+                    PyObject *sites = PyObject_GetAttr(rec, s_sites);
+                    PyObject *r = sites ? PyObject_CallMethodOneArg(sites, s_call_sites, (PyObject *)frame) : NULL;
+                    Py_XDECREF(sites);
+                    if (r == NULL) goto failed;
+                    unsigned long a = 0, b = 0;
+                    int cacheable = 0;
+                    if (!PyArg_ParseTuple(r, "kkp", &a, &b, &cacheable)) {
+                        Py_DECREF(r);
+                        goto failed;
+                    }
+                    Py_DECREF(r);
+                    site = (uint32_t)a;
+                    user_site = (uint32_t)b;
+                    if (cacheable && site_cache_owner == mm && site_cache_used < CACHE_SLOTS * 3 / 4) {
+                        e = site_lookup(frame_code, lasti); /* again: Python ran meanwhile */
+                        if (e->code == NULL) {
+                            Py_INCREF(frame_code);
+                            e->code = frame_code;
+                            e->lasti = lasti;
+                            e->site = site;
+                            e->user_site = user_site;
+                            site_cache_used++;
+                        }
+                    }
+                }
+                Py_CLEAR(frame_code);
+            }
+        }
+
+        /* The stamp and the slot: everything below runs without calling Python, so nothing else records between. */
+        long long step = int_attr(rec, s_step);
+        long long records_off = int_attr(rec, s_records_off);
+        long long capacity = int_attr(rec, s_capacity);
+        if (PyErr_Occurred()) goto failed;
+        if (capacity <= 0) {
+            PyErr_SetString(PyExc_ValueError, "the ring has no capacity");
+            goto failed;
+        }
+        {
+            PyObject *stamps = PyObject_GetAttr(rec, s_stamps);
+            PyObject *v = stamps ? PyIter_Next(stamps) : NULL;
+            Py_XDECREF(stamps);
+            if (v == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the stamp counter ended");
+                goto failed;
+            }
+            stamp = PyLong_AsLongLong(v);
+            Py_DECREF(v);
+            if (PyErr_Occurred()) goto failed;
+        }
+        off = (Py_ssize_t)(records_off + ((stamp - 1) % capacity) * record_size);
+        int flags = self->flags | (is_async ? flag_async : enqueue_on ? flag_enqueued : 0);
+        memset(buf, 0, (size_t)record_size);
+        PUT(buf, F_STAMP, uint64_t, stamp);
+        PUT(buf, F_SEQ, uint64_t, seq0 + 1);
+        PUT(buf, F_T_ENTER, double, now());
+        PUT(buf, F_OP, uint8_t, self->op);
+        PUT(buf, F_DTYPE, uint8_t, dt);
+        PUT(buf, F_NDIM, uint8_t, ndim);
+        PUT(buf, F_FLAGS, uint8_t, flags);
+        PUT(buf, F_NTENSORS, uint8_t, 1);
+        PUT(buf, F_GROUP, uint16_t, slot);
+        PUT(buf, F_SITE, uint32_t, site);
+        PUT(buf, F_STEP, uint64_t, step);
+        PUT(buf, F_NUMEL, int64_t, numel);
+        PUT(buf, F_PEER, int32_t, peer);
+        for (int i = 0; i < 4 && i < ndim; i++) memcpy(buf + off_of[F_DIMS] + 8 * i, &dims[i], 8);
+        PUT(buf, F_USER_SITE, uint32_t, user_site);
+        PUT(buf, F_STAMP2, uint64_t, stamp);
+        if (write_ring(mm, off, buf, record_size) < 0) goto failed;
+        goto recorded;
+    failed:
+        Py_XDECREF(frame_code);
+        report_failure(rec, self->what);
+        off = -1;
+    recorded:;
+    }
+
+    depth++;
+    PyObject *result = recorded_call_original(self, args, nargsf, kwnames);
+    depth--;
+
+    if (off >= 0) {
+        if (result == NULL) {
+            /* The original raised: the record says so, and the exception goes on unchanged. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *r = PyObject_CallMethod(rec, "finish", "nLii", off, stamp, status_error, 1);
+            if (r == NULL) PyErr_Clear();
+            Py_XDECREF(r);
+            PyErr_Restore(type, value, tb);
+        } else {
+            long long span = 1;
+            int ok = 1;
+            if (self->spans && seqfn != NULL) {
+                PyObject *v = PyObject_CallNoArgs(seqfn);
+                if (v == NULL) {
+                    ok = 0;
+                } else {
+                    span = PyLong_AsLongLong(v) - seq0;
+                    Py_DECREF(v);
+                    if (PyErr_Occurred()) ok = 0;
+                }
+            }
+            if (ok && is_async) {
+                PyObject *r;
+                if (result == Py_None) { /* not a member of the group: nothing was issued */
+                    r = PyObject_CallMethod(rec, "finish", "nLiL", off, stamp, status_ok, span);
+                } else if (tracked != NULL && !self->is_p2p) { /* completes when the group's watermark passes it */
+                    PyObject *queue = PyObject_GetAttr(tracked, s_enqueued);
+                    r = queue ? PyObject_CallMethod(queue, "append", "((LnLL))", seq0 + span, off, stamp, span) : NULL;
+                    Py_XDECREF(queue);
+                } else {
+                    PyObject *kw = Py_BuildValue("{sO}", "use_future", tracked == NULL ? Py_True : Py_False);
+                    PyObject *fn = PyObject_GetAttr(rec, s_track_async);
+                    PyObject *a = Py_BuildValue("(OnLL)", result, off, stamp, span);
+                    r = (kw && fn && a) ? PyObject_Call(fn, a, kw) : NULL;
+                    Py_XDECREF(kw);
+                    Py_XDECREF(fn);
+                    Py_XDECREF(a);
+                }
+                if (r == NULL) ok = 0;
+                Py_XDECREF(r);
+            } else if (ok && enqueue_on != NULL) {
+                PyObject *queue = PyObject_GetAttr(enqueue_on, s_enqueued);
+                PyObject *r = queue ? PyObject_CallMethod(queue, "append", "((LnLL))", seq0 + span, off, stamp, span) : NULL;
+                Py_XDECREF(queue);
+                if (r == NULL) ok = 0;
+                Py_XDECREF(r);
+            } else if (ok) {
+                char exit_buf[MAX_RECORD];
+                double t = now();
+                uint32_t sp = (uint32_t)span;
+                uint8_t st = (uint8_t)status_ok;
+                Py_ssize_t base = off_of[F_T_EXIT];
+                memcpy(exit_buf + off_of[F_T_EXIT] - base, &t, 8);
+                memcpy(exit_buf + off_of[F_SEQ_SPAN] - base, &sp, 4);
+                memcpy(exit_buf + off_of[F_STATUS] - base, &st, 1);
+                if (write_ring(mm, off + base, exit_buf, off_of[F_STATUS] + 1 - base) < 0) ok = 0;
+            }
+            if (!ok) report_failure(rec, self->what_end);
+        }
+    }
+    Py_XDECREF(seqfn);
+    Py_XDECREF(tracked);
+    Py_XDECREF(enqueue_on);
+    Py_DECREF(mm);
+    return result;
+}
+
+static int recorded_traverse(Recorded *self, visitproc visit, void *arg) {
+    Py_VISIT(self->original);
+    Py_VISIT(self->rec);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int recorded_clear(Recorded *self) {
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->payload_name);
+    Py_CLEAR(self->peer_name);
+    Py_CLEAR(self->what);
+    Py_CLEAR(self->what_end);
+    return 0;
+}
+
+static void recorded_dealloc(Recorded *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weaklist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    recorded_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A function stored on a class binds like a Python function (torch patches none this way; kept correct). */
+static PyObject *recorded_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds);
+
+static PyMemberDef recorded_members[] = {
+    {"__dtwatch_original__", T_OBJECT, offsetof(Recorded, original), READONLY, "the function this wrapper replaced"},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Recorded, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(Recorded, weaklist), READONLY, NULL},
+    {NULL}
+};
+
+static PyGetSetDef recorded_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL}
+};
+
+static PyTypeObject RecordedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dtwatch.record._fastpath.Recorded",
+    .tp_doc = "A torch.distributed function recorded by dtwatch's native path.",
+    .tp_basicsize = sizeof(Recorded),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = recorded_new,
+    .tp_dealloc = (destructor)recorded_dealloc,
+    .tp_traverse = (traverseproc)recorded_traverse,
+    .tp_clear = (inquiry)recorded_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Recorded, vectorcall),
+    .tp_descr_get = recorded_descr_get,
+    .tp_dictoffset = offsetof(Recorded, dict),
+    .tp_weaklistoffset = offsetof(Recorded, weaklist),
+    .tp_members = recorded_members,
+    .tp_getset = recorded_getset,
+};
+
+/* Recorded(original, rec, op, flags, payload_pos, payload_name, group_pos, async_pos, peer_pos, peer_name,
+ *          always_async, composite, spans, is_p2p, tracked_sync, name) */
+static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *original, *rec, *payload_name, *peer_name, *name;
+    int op, flags, always_async, composite, spans, is_p2p, tracked_sync;
+    Py_ssize_t payload_pos, group_pos, async_pos, peer_pos;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Recorded() takes positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOiinOnnnOpppppU", &original, &rec, &op, &flags, &payload_pos, &payload_name,
+                          &group_pos, &async_pos, &peer_pos, &peer_name, &always_async, &composite, &spans,
+                          &is_p2p, &tracked_sync, &name))
+        return NULL;
+    (void)composite; /* a nested wrapped call passes through whatever the op (depth), which covers composites */
+    if (record_size == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() has not run");
+        return NULL;
+    }
+    Recorded *self = (Recorded *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = recorded_vectorcall;
+    Py_INCREF(original);
+    self->original = original;
+    Py_INCREF(rec);
+    self->rec = rec;
+    self->payload_name = payload_name == Py_None ? NULL : Py_NewRef(payload_name);
+    self->peer_name = peer_name == Py_None ? NULL : Py_NewRef(peer_name);
+    if (self->payload_name) PyUnicode_InternInPlace(&self->payload_name);
+    if (self->peer_name) PyUnicode_InternInPlace(&self->peer_name);
+    self->what = PyUnicode_FromFormat("recording %U", name);
+    self->what_end = PyUnicode_FromFormat("recording the end of %U", name);
+    if (self->what == NULL || self->what_end == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->op = op;
+    self->flags = flags;
+    self->payload_pos = payload_pos;
+    self->group_pos = group_pos;
+    self->async_pos = async_pos;
+    self->peer_pos = peer_pos;
+    self->always_async = always_async;
+    self->composite = composite;
+    self->spans = spans;
+    self->is_p2p = is_p2p;
+    self->tracked_sync = tracked_sync;
+    return (PyObject *)self;
+}
+
+/* ---- module functions ------------------------------------------------------------------------------ */
+/* configure(offsets: dict[name, (offset, size)], record_size, dtype_codes, numel_from_shape, flag_async,
+ *           flag_enqueued, status_ok, status_error): the record's layout, checked against the sizes this file writes. */
+static PyObject *configure(PyObject *module, PyObject *args) {
+    PyObject *offsets, *codes;
+    Py_ssize_t size;
+    long long nfs;
+    int fa, fe, so, se;
+    if (!PyArg_ParseTuple(args, "O!nO!Liiii", &PyDict_Type, &offsets, &size, &PyDict_Type, &codes, &nfs, &fa, &fe,
+                          &so, &se))
+        return NULL;
+    if (size <= 0 || size > MAX_RECORD) {
+        PyErr_Format(PyExc_ValueError, "record size %zd outside 1..%d", size, MAX_RECORD);
+        return NULL;
+    }
+    Py_ssize_t offs[N_FIELDS];
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *entry = PyDict_GetItemString(offsets, field_names[i]);
+        Py_ssize_t o, s;
+        if (entry == NULL || !PyArg_ParseTuple(entry, "nn", &o, &s)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "the record has no field %s of (offset, size)", field_names[i]);
+            return NULL;
+        }
+        if (s != field_sizes[i] || o < 0 || o + s > size) {
+            PyErr_Format(PyExc_ValueError, "record field %s: %zd bytes at %zd, this build writes %zd", field_names[i],
+                         s, o, field_sizes[i]);
+            return NULL;
+        }
+        offs[i] = o;
+    }
+    if (offs[F_SEQ_SPAN] < offs[F_T_EXIT] || offs[F_STATUS] < offs[F_SEQ_SPAN]) {
+        PyErr_SetString(PyExc_ValueError, "the exit fields are not t_exit, seq_span, status in order");
+        return NULL;
+    }
+    memcpy(off_of, offs, sizeof(offs));
+    record_size = size;
+    Py_INCREF(codes);
+    Py_XSETREF(dtype_codes, codes);
+    numel_from_shape = nfs;
+    flag_async = fa;
+    flag_enqueued = fe;
+    status_ok = so;
+    status_error = se;
+    Py_RETURN_NONE;
+}
+
+static PyObject *inside(PyObject *module, PyObject *unused) {
+    return PyBool_FromLong(depth > 0);
+}
+
+/* A composite call the Python wrapper makes (an object collective): the calls it makes inside are its own. */
+static PyObject *enter(PyObject *module, PyObject *unused) {
+    depth++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *leave(PyObject *module, PyObject *unused) {
+    if (depth > 0) depth--;
+    Py_RETURN_NONE;
+}
+
+static PyObject *forget_sites(PyObject *module, PyObject *unused) {
+    site_cache_clear(NULL);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, "Give the record's layout (dtwatch.ring.layout)."},
+    {"inside", inside, METH_NOARGS, "Whether this thread is inside a native wrapper's call."},
+    {"enter", enter, METH_NOARGS, "A composite call starts on this thread (the Python wrapper's)."},
+    {"leave", leave, METH_NOARGS, "It ended."},
+    {"forget_sites", forget_sites, METH_NOARGS, "Empty the call-site cache."},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "dtwatch's native recording path (see dtwatch.record.native).", -1, methods,
+};
+
+#define INTERN(var, text)                                   \
+    do {                                                    \
+        var = PyUnicode_InternFromString(text);             \
+        if (var == NULL) return NULL;                       \
+    } while (0)
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    INTERN(s_mm, "mm");
+    INTERN(s_step, "step");
+    INTERN(s_records_off, "records_off");
+    INTERN(s_capacity, "capacity");
+    INTERN(s_stamps, "stamps");
+    INTERN(s_default_pg, "default_pg");
+    INTERN(s_groups, "groups");
+    INTERN(s_sites, "sites");
+    INTERN(s_shape, "shape");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_numel, "numel");
+    INTERN(s_register_group, "register_group");
+    INTERN(s_call_sites, "call_sites");
+    INTERN(s_fail, "fail");
+    INTERN(s_track_async, "track_async");
+    INTERN(s_enqueued, "enqueued");
+    INTERN(s_group, "group");
+    INTERN(s_async_op, "async_op");
+    if (PyType_Ready(&RecordedType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    Py_INCREF(&RecordedType);
+    if (PyModule_AddObject(m, "Recorded", (PyObject *)&RecordedType) < 0) {
+        Py_DECREF(&RecordedType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
