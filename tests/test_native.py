@@ -104,7 +104,7 @@ def test_a_call_torch_refuses_raises_what_torch_raises(dtwatch_env):
         dist.all_reduce(t, op="not an op")
     assert re.sub("0x[0-9a-f]+", "", str(caught.value)) == expected[1]
     # A call dtwatch cannot describe (no tensor) is torch's to refuse; dtwatch only warns, once.
-    with pytest.raises(Exception) as none_given:  # noqa: PT011 - whatever torch raises for it
+    with pytest.raises(Exception) as none_given:
         dist.all_reduce(None)
     try:
         dist.all_reduce.__dtwatch_original__(None)
