@@ -101,7 +101,7 @@ def _op_table() -> list[tuple[int, int, int, int] | None] | None:
     one-tensor call), or None for an op not recorded; None where torch has no such enum. (A list, not a dict:
     hashing a pybind11 enum costs ~0.5 us.)"""
     try:
-        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
+        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined, unused-ignore]  # torch >= 2.14
     except ImportError:
         return None
     size = max(int(m.value) for m in HookOpName.__members__.values()) + 1

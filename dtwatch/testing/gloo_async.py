@@ -243,7 +243,7 @@ class GlooAsyncGroup(ProcessGroup):
     """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)  # type: ignore[call-arg]  # the binding has (rank, size); the stub lacks it
+        super().__init__(rank, size)  # type: ignore[call-arg, unused-ignore]  # the binding has (rank, size); the stub lacks it
         gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._gloo = cast(_GlooOps, gloo)
         self._holder = ProcessGroup(store, rank, size)
@@ -516,7 +516,7 @@ _HOOK_OP_NAMES: dict[str, tuple[str, ...]] = {
 
 def _hook_names() -> dict[str, Any]:
     try:
-        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined]  # torch >= 2.14
+        from torch._C._distributed_c10d import HookOpName  # type: ignore[attr-defined, unused-ignore]  # torch >= 2.14
     except ImportError:
         return {}
     found = {op: next((getattr(HookOpName, n) for n in names if hasattr(HookOpName, n)), None)
