@@ -47,46 +47,145 @@ static int status_ok = 1, status_error = 2;
 
 /* Interned attribute names. */
 static PyObject *s_mm, *s_step, *s_records_off, *s_capacity, *s_stamps, *s_default_pg, *s_groups, *s_sites,
-    *s_shape, *s_dtype, *s_numel, *s_register_group, *s_call_sites, *s_fail, *s_track_async, *s_enqueued,
+    *s_shape, *s_dtype, *s_numel, *s_register_group, *s_walk, *s_fail, *s_track_async, *s_enqueued,
     *s_group, *s_async_op;
 
 /* A thread inside a native wrapper's original call (what torch's collective hooks check: the wrapper records
  * the call), and what makes a nested wrapped call pass through (a composite op's inner calls). */
 static _Thread_local int depth = 0;
 
-/* ---- the call-site cache: (code object, instruction offset) -> (site, user site) ---------------------- */
-#define CACHE_SLOTS 4096 /* a power of two; filled to at most three quarters, then misses go to Python */
+/* ---- what call-site resolution needs, cached: the same as dtwatch.record.callsite's caches ---------------
+ * Three kinds of entries in one open-addressed table, keyed by (code object, instruction offset, tag):
+ * KIND (offset -1): the code's INTERNAL / OTHER / LIBRARY / USER class; USER_POS: the site id of a position in user
+ * code; OTHER_POS: the site id of a position in library or other code. A miss anywhere sends the call to Python
+ * (SiteTable.walk), which registers what is missing and hands back what to cache here. */
+#define CACHE_SLOTS 8192 /* a power of two; filled to at most three quarters, then misses go to Python */
+enum { TAG_KIND = 1, TAG_USER_POS = 2, TAG_OTHER_POS = 3 };
+enum { KIND_INTERNAL = 0, KIND_OTHER = 1, KIND_LIBRARY = 2, KIND_USER = 3 };
 typedef struct {
     PyObject *code; /* a strong reference: the address is never reused for another code object */
     int lasti;
-    uint32_t site, user_site;
-} SiteEntry;
-static SiteEntry site_cache[CACHE_SLOTS];
-static int site_cache_used = 0;
-static PyObject *site_cache_owner = NULL; /* the mapping the cached ids belong to (a new ring: new ids) */
+    int tag;
+    uint32_t value;
+} CacheEntry;
+static CacheEntry cache[CACHE_SLOTS];
+static int cache_used = 0;
+static PyObject *cache_owner = NULL; /* the mapping the cached site ids belong to (a new ring: new ids) */
 
-static void site_cache_clear(PyObject *owner) {
+static void cache_clear(PyObject *owner) {
     for (int i = 0; i < CACHE_SLOTS; i++) {
-        Py_CLEAR(site_cache[i].code);
+        Py_CLEAR(cache[i].code);
     }
-    site_cache_used = 0;
+    cache_used = 0;
     Py_XINCREF(owner);
-    Py_XSETREF(site_cache_owner, owner);
+    Py_XSETREF(cache_owner, owner);
 }
 
-static inline size_t site_hash(PyObject *code, int lasti) {
+static inline CacheEntry *cache_slot(PyObject *code, int lasti, int tag) {
     uintptr_t h = ((uintptr_t)code >> 4) * 0x9E3779B97F4A7C15ull;
-    return (size_t)((h ^ (uintptr_t)lasti * 0x85EBCA77u) & (CACHE_SLOTS - 1));
-}
-
-static SiteEntry *site_lookup(PyObject *code, int lasti) {
-    size_t i = site_hash(code, lasti);
+    size_t i = (size_t)((h ^ ((uintptr_t)(unsigned)lasti * 0x85EBCA77u) ^ (uintptr_t)tag) & (CACHE_SLOTS - 1));
     for (;;) {
-        SiteEntry *e = &site_cache[i];
-        if (e->code == NULL) return e;
-        if (e->code == code && e->lasti == lasti) return e;
+        CacheEntry *e = &cache[i];
+        if (e->code == NULL || (e->code == code && e->lasti == lasti && e->tag == tag)) return e;
         i = (i + 1) & (CACHE_SLOTS - 1);
     }
+}
+
+static inline int cache_get(PyObject *code, int lasti, int tag, uint32_t *value) {
+    CacheEntry *e = cache_slot(code, lasti, tag);
+    if (e->code == NULL) return 0;
+    *value = e->value;
+    return 1;
+}
+
+static void cache_put(PyObject *code, int lasti, int tag, uint32_t value) {
+    if (cache_used >= CACHE_SLOTS * 3 / 4) return;
+    CacheEntry *e = cache_slot(code, lasti, tag);
+    if (e->code != NULL) return;
+    Py_INCREF(code);
+    e->code = code;
+    e->lasti = lasti;
+    e->tag = tag;
+    e->value = value;
+    cache_used++;
+}
+
+/* The instruction offset of a frame, as f_lasti gives it (the cache's key; Python's own cache uses the same). */
+static inline int frame_lasti(PyFrameObject *frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(frame);
+#else
+    return frame->f_lasti;
+#endif
+}
+
+/* (site, user site) of a call made in `frame` from the cache alone, as SiteTable.frame_sites resolves them: the
+ * first frame outside torch and dtwatch, and the first user frame. 1: resolved; 0: something is not cached. */
+static int sites_from_cache(PyFrameObject *frame, uint32_t *site_out, uint32_t *user_out) {
+    uint32_t site = 0, value;
+    int found = 0;
+    Py_INCREF(frame);
+    PyFrameObject *f = frame;
+    while (f != NULL) {
+        PyObject *code = (PyObject *)PyFrame_GetCode(f);
+        int lasti = frame_lasti(f);
+        if (!cache_get(code, -1, TAG_KIND, &value)) {
+            Py_DECREF(code);
+            break;
+        }
+        if (value == KIND_USER) {
+            uint32_t user;
+            if (cache_get(code, lasti, TAG_USER_POS, &user)) {
+                *site_out = site ? site : user;
+                *user_out = user;
+                found = 1;
+            }
+            Py_DECREF(code);
+            break;
+        }
+        if (value != KIND_INTERNAL && !site) {
+            if (!cache_get(code, lasti, TAG_OTHER_POS, &site)) {
+                Py_DECREF(code);
+                break;
+            }
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+        if (f == NULL) { /* no user frame on the stack: the site is the user's site too */
+            *site_out = *user_out = site;
+            found = 1;
+        }
+    }
+    Py_XDECREF(f);
+    return found;
+}
+
+/* Ask Python (rec.sites.walk) to resolve and register what the cache lacked, cache it, and resolve again. */
+static int sites_from_python(PyObject *rec, PyFrameObject *frame, uint32_t *site_out, uint32_t *user_out) {
+    PyObject *sites = PyObject_GetAttr(rec, s_sites);
+    PyObject *walked = sites ? PyObject_CallMethodOneArg(sites, s_walk, (PyObject *)frame) : NULL;
+    Py_XDECREF(sites);
+    if (walked == NULL) return -1;
+    PyObject *seq = PySequence_Fast(walked, "SiteTable.walk() gives a list");
+    Py_DECREF(walked);
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *code;
+        int lasti, kind;
+        unsigned long site;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "Oiik", &code, &lasti, &kind, &site)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        cache_put(code, -1, TAG_KIND, (uint32_t)kind);
+        if (site) cache_put(code, lasti, kind == KIND_USER ? TAG_USER_POS : TAG_OTHER_POS, (uint32_t)site);
+    }
+    Py_DECREF(seq);
+    if (!sites_from_cache(frame, site_out, user_out)) *site_out = *user_out = 0; /* a full table: unknown (0) */
+    return 0;
 }
 
 /* ---- helpers ---------------------------------------------------------------------------------------- */
@@ -119,14 +218,6 @@ static inline long long int_attr(PyObject *obj, PyObject *name) {
     return x;
 }
 
-/* The instruction offset of a frame, as f_lasti gives it (the cache's key; Python's own cache uses the same). */
-static inline int frame_lasti(PyFrameObject *frame) {
-#if PY_VERSION_HEX >= 0x030B0000
-    return PyFrame_GetLasti(frame);
-#else
-    return frame->f_lasti;
-#endif
-}
 
 #define PUT(buf, field, type, value)                                      \
     do {                                                                  \
@@ -205,7 +296,7 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         long long dims[4] = {0, 0, 0, 0};
         int ndim = 0, dt = 0;
         long long numel = 0, peer = -1;
-        PyObject *group, *ginfo = NULL, *frame_code = NULL;
+        PyObject *group, *ginfo = NULL;
 
         group = arg_at(args, nargs, kwnames, self->group_pos, s_group);
         if (self->payload_name != NULL) {
@@ -308,46 +399,14 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
             Py_INCREF(enqueue_on);
         }
 
-        /* The call site: the calling frame (a C callable runs in its caller's frame), cached by position. */
+        /* The call site: the calling frame (a C callable runs in its caller's frame), from the cache. */
         uint32_t site = 0, user_site = 0;
         {
             PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
-            if (site_cache_owner != mm) site_cache_clear(mm);
-            if (frame != NULL) {
-                frame_code = (PyObject *)PyFrame_GetCode(frame);
-                int lasti = frame_lasti(frame);
-                SiteEntry *e = site_lookup(frame_code, lasti);
-                if (e->code != NULL) {
-                    site = e->site;
-                    user_site = e->user_site;
-                } else {
-                    PyObject *sites = PyObject_GetAttr(rec, s_sites);
-                    PyObject *r = sites ? PyObject_CallMethodOneArg(sites, s_call_sites, (PyObject *)frame) : NULL;
-                    Py_XDECREF(sites);
-                    if (r == NULL) goto failed;
-                    unsigned long a = 0, b = 0;
-                    int cacheable = 0;
-                    if (!PyArg_ParseTuple(r, "kkp", &a, &b, &cacheable)) {
-                        Py_DECREF(r);
-                        goto failed;
-                    }
-                    Py_DECREF(r);
-                    site = (uint32_t)a;
-                    user_site = (uint32_t)b;
-                    if (cacheable && site_cache_owner == mm && site_cache_used < CACHE_SLOTS * 3 / 4) {
-                        e = site_lookup(frame_code, lasti); /* again: Python ran meanwhile */
-                        if (e->code == NULL) {
-                            Py_INCREF(frame_code);
-                            e->code = frame_code;
-                            e->lasti = lasti;
-                            e->site = site;
-                            e->user_site = user_site;
-                            site_cache_used++;
-                        }
-                    }
-                }
-                Py_CLEAR(frame_code);
-            }
+            if (cache_owner != mm) cache_clear(mm);
+            if (frame != NULL && !sites_from_cache(frame, &site, &user_site) &&
+                sites_from_python(rec, frame, &site, &user_site) < 0)
+                goto failed;
         }
 
         /* The stamp and the slot: everything below runs without calling Python, so nothing else records between. */
@@ -393,7 +452,6 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         if (write_ring(mm, off, buf, record_size) < 0) goto failed;
         goto recorded;
     failed:
-        Py_XDECREF(frame_code);
         report_failure(rec, self->what);
         off = -1;
     recorded:;
@@ -651,7 +709,7 @@ static PyObject *leave(PyObject *module, PyObject *unused) {
 }
 
 static PyObject *forget_sites(PyObject *module, PyObject *unused) {
-    site_cache_clear(NULL);
+    cache_clear(NULL);
     Py_RETURN_NONE;
 }
 
@@ -687,7 +745,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_dtype, "dtype");
     INTERN(s_numel, "numel");
     INTERN(s_register_group, "register_group");
-    INTERN(s_call_sites, "call_sites");
+    INTERN(s_walk, "walk");
     INTERN(s_fail, "fail");
     INTERN(s_track_async, "track_async");
     INTERN(s_enqueued, "enqueued");

@@ -26,6 +26,7 @@ code object keyed is kept alive in ``_codes``, so an id is never reused for anot
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -33,11 +34,21 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-import torch
-
 INTERNAL, OTHER, LIBRARY, USER = 0, 1, 2, 3
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+def _package_dir(name: str) -> str:
+    """Where package ``name`` is installed, found without importing it (the watchdog and ``dtwatch analyze`` read
+    call sites without torch loaded); "" where it is not installed (its files then classify by path alone)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ""
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.abspath(locations[0]) + os.sep if locations else ""
+
+
+_TORCH_DIR = _package_dir("torch")
 _DTWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) + os.sep for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p}
@@ -60,7 +71,7 @@ def classify_file(filename: str) -> int:
     if filename.startswith("<"):
         return INTERNAL if filename.startswith(_GENERATED_PSEUDO_FILES) else OTHER
     path = os.path.abspath(filename)
-    if path.startswith(_TORCH_DIR) or path.startswith(_DTWATCH_DIR):
+    if (_TORCH_DIR and path.startswith(_TORCH_DIR)) or path.startswith(_DTWATCH_DIR):
         return INTERNAL
     parts = path.split(os.sep)
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -127,11 +138,27 @@ class SiteTable:
             f = f.f_back
         return site, site
 
-    def call_sites(self, f: FrameType) -> tuple[int, int, bool]:
-        """:meth:`frame_sites` of a call made in ``f``, and whether they hold for every call made at ``f``'s
-        instruction (``f`` is user code: a direct call), which the native path then caches by position."""
-        site, user_site = self.frame_sites(f)
-        return site, user_site, bool(site) and self.kind(f.f_code) == USER
+    def walk(self, f: FrameType | None) -> list[tuple[CodeType, int, int, int]]:
+        """What resolving a call made in ``f`` looks at, for the native path's cache: ``(code, f_lasti, kind, site)``
+        of each frame up to the first user frame, ``site`` being the registered id of that position where
+        :meth:`frame_sites` uses it (the first frame outside torch and dtwatch, and the user frame), else 0.
+        Registers what is new, as :meth:`frame_sites` does."""
+        out: list[tuple[CodeType, int, int, int]] = []
+        outside = False
+        while f is not None:
+            code, lasti = f.f_code, f.f_lasti
+            kind = self.kind(code)
+            if kind == USER:
+                ids = self.positions.get((id(code), lasti)) or self._user_position(f)
+                out.append((code, lasti, kind, ids[0]))
+                break
+            site = 0
+            if kind != INTERNAL and not outside:
+                site = self._other_positions.get((id(code), lasti)) or self._other_position(f)
+                outside = True
+            out.append((code, lasti, kind, site))
+            f = f.f_back
+        return out
 
     def _user_position(self, f: FrameType) -> tuple[int, int]:
         site = self._new_site(f)

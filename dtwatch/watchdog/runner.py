@@ -23,9 +23,7 @@ from pathlib import Path
 
 from dtwatch import paths
 from dtwatch.config import ENV_BOOTSTRAP, OPTIONS, environment_value
-from dtwatch.diagnose import Finding
-from dtwatch.paths import EXIT_FAILED_FAST, EXIT_USAGE
-from dtwatch.watchdog.notice import render_notice
+from dtwatch.paths import EXIT_FAILED_FAST
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "record" / "bootstrap")
 
@@ -34,7 +32,7 @@ def _env_name(option: str) -> str:
     return str(OPTIONS[option].env)
 
 
-def run(command: list[str], *, root: str, job_id: str, watch_args: list[str], ready_timeout: float = 30.0) -> int:
+def run(command: list[str], *, root: str, job_id: str, watch_args: list[str]) -> int:
     """Run ``command`` under dtwatch with run directories under ``root``; returns the exit status."""
     job_id = job_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     run_dir = paths.run_dir(root, job_id)
@@ -61,16 +59,8 @@ def run(command: list[str], *, root: str, job_id: str, watch_args: list[str], re
          "--exit-with-launcher", "--log-file", log_file, *watch_args],
         env=watch_env, start_new_session=True, stdin=subprocess.PIPE,
     ) if own_watchdog else None
-    deadline = time.monotonic() + ready_timeout
-    while watchdog is not None and not os.path.exists(ready_file):
-        if watchdog.poll() is not None:
-            print(f"dtwatch: the watchdog exited (code {watchdog.returncode}) before it was ready", file=sys.stderr)
-            return EXIT_USAGE
-        if time.monotonic() > deadline:
-            print(f"dtwatch: the watchdog was not ready within {ready_timeout:.0f}s; running without it",
-                  file=sys.stderr)
-            break
-        time.sleep(0.05)
+    # The command starts at once: the watchdog catches up while it starts (the rings are files, so nothing the
+    # ranks record meanwhile is lost), instead of every job waiting for its imports.
     print(f"dtwatch: job {job_id}: run directory {run_dir}"
           + (f" (watchdog log: {log_file})" if watchdog is not None else ""), file=sys.stderr, flush=True)
 
@@ -90,13 +80,16 @@ def run(command: list[str], *, root: str, job_id: str, watch_args: list[str], re
     finally:
         for sig, old in forwarded.items():
             signal.signal(sig, old)
-    wcode = _finish_watchdog(watchdog) if watchdog is not None else 0
+    wcode = _finish_watchdog(watchdog, code, ready_file) if watchdog is not None else 0
     return _conclude(run_dir, node, command, code, wcode)
 
 
 def _conclude(run_dir: str, node: str, command: list[str], code: int, wcode: int) -> int:
     """One closing line (verdict, exit status, bundle); the diagnosis itself only if the watchdog could
     not show it while the job ran."""
+    from dtwatch.diagnose import Finding  # only now: `dtwatch run` starts the command without loading torch
+    from dtwatch.watchdog.notice import render_notice
+
     incidents = _incidents(run_dir, node)
     for event in incidents:
         if not event.get("shown_on"):
@@ -134,15 +127,29 @@ def _incidents(run_dir: str, node: str) -> list[dict]:
     return out
 
 
-def _finish_watchdog(watchdog: subprocess.Popen) -> int:
-    """Tell the watchdog the command ended; give it time to finish an incident's evidence."""
+def _finish_watchdog(watchdog: subprocess.Popen, code: int, ready_file: str, timeout: float = 30.0) -> int:
+    """Tell the watchdog the command ended and wait for it: it exits at once when no rank of the node is left and
+    no incident is collecting evidence, or finishes the incident first. A command that ended cleanly before its
+    watchdog was even ready (a job shorter than the watchdog's start) left it nothing to watch: it is stopped."""
+    if watchdog.poll() is not None:
+        if watchdog.returncode != 0 and not os.path.exists(ready_file):
+            print(f"dtwatch: the watchdog exited (code {watchdog.returncode}) before it was ready; see its log",
+                  file=sys.stderr)
+        return watchdog.returncode
+    if code == 0 and not os.path.exists(ready_file):
+        watchdog.terminate()
+        return _reap(watchdog, 10.0) and 0
     try:
         if watchdog.stdin is not None:
             watchdog.stdin.close()
     except OSError:
         pass
+    return _reap(watchdog, timeout)
+
+
+def _reap(watchdog: subprocess.Popen, timeout: float) -> int:
     try:
-        return watchdog.wait(timeout=30)
+        return watchdog.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         watchdog.terminate()
         try:

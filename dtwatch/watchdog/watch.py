@@ -78,6 +78,7 @@ class Watchdog:
         self.failed_fast = False
         self.stop_event = threading.Event()
         self.launcher_gone = threading.Event()
+        self.wake = threading.Event()  # ends the wait between polls early (the launcher gone, a signal)
         self.last_seen_activity = time.time()
         self.ever_saw_ranks = False
         self.last_poll = 0.0
@@ -109,7 +110,7 @@ class Watchdog:
             return EXIT_LOCKED
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                signal.signal(sig, lambda *_: self.stop_event.set())
+                signal.signal(sig, lambda *_: (self.stop_event.set(), self.wake.set()))
             except ValueError:
                 pass  # not the main thread (tests)
         self.services.start(healthy=self.healthy, started=self.health.started)
@@ -127,7 +128,8 @@ class Watchdog:
                     self.error("poll")
                 self.health.poll_seconds.append(time.perf_counter() - t0)
                 self.last_poll = time.time()
-                self.stop_event.wait(self.opts.poll_interval)
+                self.wake.wait(self.opts.poll_interval)
+                self.wake.clear()
         finally:
             self.peers.close()
             self.services.close()
@@ -140,7 +142,8 @@ class Watchdog:
                 pass
         except (OSError, ValueError):
             pass
-        self.launcher_gone.set()  # the next poll acts on it
+        self.launcher_gone.set()
+        self.wake.set()  # the next poll, now, acts on it
 
     # -- one poll -------------------------------------------------------------------------------------
     def poll(self) -> bool:
