@@ -110,7 +110,7 @@ class Watchdog:
             return EXIT_LOCKED
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                signal.signal(sig, lambda *_: (self.stop_event.set(), self.wake.set()))
+                signal.signal(sig, self._stop_on_signal)
             except ValueError:
                 pass  # not the main thread (tests)
         self.services.start(healthy=self.healthy, started=self.health.started)
@@ -134,6 +134,10 @@ class Watchdog:
             self.peers.close()
             self.services.close()
         return EXIT_FAILED_FAST if self.failed_fast else EXIT_OK
+
+    def _stop_on_signal(self, *_: object) -> None:
+        self.stop_event.set()
+        self.wake.set()
 
     def watch_launcher(self) -> None:
         """Block on stdin until the launcher closes it (or dies): then the job is over for us."""
