@@ -46,7 +46,7 @@ static int status_ok = 1, status_error = 2;
 #define MAX_RECORD 512
 
 /* Interned attribute names. */
-static PyObject *s_mm, *s_step, *s_records_off, *s_capacity, *s_stamps, *s_default_pg, *s_groups, *s_sites,
+static PyObject *s_sites,
     *s_shape, *s_dtype, *s_numel, *s_register_group, *s_walk, *s_fail, *s_track_async, *s_enqueued,
     *s_group, *s_async_op;
 
@@ -70,15 +70,14 @@ typedef struct {
 } CacheEntry;
 static CacheEntry cache[CACHE_SLOTS];
 static int cache_used = 0;
-static PyObject *cache_owner = NULL; /* the mapping the cached site ids belong to (a new ring: new ids) */
+static unsigned long long cache_generation = 0; /* the ring the cached site ids belong to (a new ring: new ids) */
 
-static void cache_clear(PyObject *owner) {
+static void cache_clear(unsigned long long generation) {
     for (int i = 0; i < CACHE_SLOTS; i++) {
         Py_CLEAR(cache[i].code);
     }
     cache_used = 0;
-    Py_XINCREF(owner);
-    Py_XSETREF(cache_owner, owner);
+    cache_generation = generation;
 }
 
 static inline CacheEntry *cache_slot(PyObject *code, int lasti, int tag) {
@@ -210,13 +209,6 @@ static inline PyObject *arg_at(PyObject *const *args, Py_ssize_t nargs, PyObject
     return NULL;
 }
 
-static inline long long int_attr(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return x;
-}
 
 
 #define PUT(buf, field, type, value)                                      \
@@ -238,11 +230,143 @@ static void report_failure(PyObject *rec, PyObject *what) {
     Py_XDECREF(tb);
 }
 
+/* ---- the recorder's ring, as the native wrappers see it ------------------------------------------------
+ * One State per Recorder (Recorder.native): the mapping (held as a buffer while attached, so it is never written
+ * after it is unmapped: closing it first needs detach()), where the records start, how many there are, the step,
+ * the default group, and the stamp counter every writer of the rank's records takes from (the State is also
+ * Recorder.stamps: next(state) in Python). `generation` changes at each attach: a call that began on another
+ * ring does not stamp its exit into this one, and the call-site cache (ids are per ring) starts over. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *mm;        /* NULL while detached */
+    Py_buffer view;
+    Py_ssize_t records_off, capacity;
+    unsigned long long next_stamp, step, generation;
+    PyObject *default_pg;
+} State;
+
+static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, ":State")) return NULL;
+    State *self = (State *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->next_stamp = 1;
+    Py_INCREF(Py_None);
+    self->default_pg = Py_None;
+    return (PyObject *)self;
+}
+
+static void state_release(State *self) {
+    if (self->mm != NULL) {
+        PyBuffer_Release(&self->view);
+        Py_CLEAR(self->mm);
+    }
+}
+
+static void state_dealloc(State *self) {
+    state_release(self);
+    Py_CLEAR(self->default_pg);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* attach(mm, records_off, capacity): record into this mapping from now on. */
+static PyObject *state_attach(State *self, PyObject *args) {
+    PyObject *mm;
+    Py_ssize_t records_off, capacity;
+    if (!PyArg_ParseTuple(args, "Onn:attach", &mm, &records_off, &capacity)) return NULL;
+    if (capacity <= 0 || records_off < 0) {
+        PyErr_SetString(PyExc_ValueError, "a ring needs a capacity and a place for its records");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (records_off + capacity * record_size > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the records do not fit the mapping");
+        return NULL;
+    }
+    state_release(self);
+    Py_INCREF(mm);
+    self->mm = mm;
+    self->view = view;
+    self->records_off = records_off;
+    self->capacity = capacity;
+    self->generation++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *state_detach(State *self, PyObject *unused) {
+    state_release(self);
+    self->generation++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *state_peek(State *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(self->next_stamp);
+}
+
+static PyObject *state_iternext(State *self) {
+    return PyLong_FromUnsignedLongLong(self->next_stamp++);
+}
+
+static PyObject *state_get_step(State *self, void *closure) {
+    return PyLong_FromUnsignedLongLong(self->step);
+}
+
+static int state_set_step(State *self, PyObject *value, void *closure) {
+    unsigned long long v = value ? PyLong_AsUnsignedLongLong(value) : 0;
+    if (PyErr_Occurred()) return -1;
+    self->step = v;
+    return 0;
+}
+
+static PyObject *state_get_default_pg(State *self, void *closure) {
+    return Py_NewRef(self->default_pg);
+}
+
+static int state_set_default_pg(State *self, PyObject *value, void *closure) {
+    Py_XSETREF(self->default_pg, Py_NewRef(value ? value : Py_None));
+    return 0;
+}
+
+static PyObject *state_get_attached(State *self, void *closure) {
+    return PyBool_FromLong(self->mm != NULL);
+}
+
+static PyMethodDef state_methods[] = {
+    {"attach", (PyCFunction)state_attach, METH_VARARGS, "attach(mm, records_off, capacity)"},
+    {"detach", (PyCFunction)state_detach, METH_NOARGS, "Stop recording; the mapping may be closed after this."},
+    {"peek", (PyCFunction)state_peek, METH_NOARGS, "The next stamp, not taken."},
+    {NULL}
+};
+
+static PyGetSetDef state_getset[] = {
+    {"step", (getter)state_get_step, (setter)state_set_step, "the training step records carry", NULL},
+    {"default_pg", (getter)state_get_default_pg, (setter)state_set_default_pg, "the group of group=None", NULL},
+    {"attached", (getter)state_get_attached, NULL, "whether a mapping is attached", NULL},
+    {NULL}
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dtwatch.record._fastpath.State",
+    .tp_doc = "The ring the native wrappers record into, and the rank's stamp counter (an iterator).",
+    .tp_basicsize = sizeof(State),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = state_new,
+    .tp_dealloc = (destructor)state_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)state_iternext,
+    .tp_methods = state_methods,
+    .tp_getset = state_getset,
+};
+
 /* ---- the wrapper ----------------------------------------------------------------------------------- */
 typedef struct {
     PyObject_HEAD
     PyObject *original;
     PyObject *rec;
+    State *state;
+    PyObject *groups;       /* rec.groups: the same dict for the recorder's life (cleared in place) */
     PyObject *dict;         /* functools.wraps' attributes (__wrapped__, __name__, __doc__, ...) */
     PyObject *weaklist;
     PyObject *payload_name; /* NULL: no tensor argument (barrier) */
@@ -258,35 +382,14 @@ static PyObject *recorded_call_original(Recorded *self, PyObject *const *args, s
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 }
 
-/* Write `len` bytes at `off` of the ring the mapping `mm` holds; -1 with an exception if it cannot. */
-static int write_ring(PyObject *mm, Py_ssize_t off, const char *src, Py_ssize_t len) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) return -1;
-    if (off < 0 || off + len > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "record offset outside the ring");
-        return -1;
-    }
-    memcpy((char *)view.buf + off, src, (size_t)len);
-    PyBuffer_Release(&view);
-    return 0;
-}
-
 static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Recorded *self = (Recorded *)callable;
     PyObject *rec = self->rec;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
 
-    if (depth > 0) return recorded_call_original(self, args, nargsf, kwnames);
-    PyObject *mm = PyObject_GetAttr(rec, s_mm);
-    if (mm == NULL) {
-        PyErr_Clear();
-        return recorded_call_original(self, args, nargsf, kwnames);
-    }
-    if (mm == Py_None) {
-        Py_DECREF(mm);
-        return recorded_call_original(self, args, nargsf, kwnames);
-    }
+    State *state = self->state;
+    if (depth > 0 || state->mm == NULL) return recorded_call_original(self, args, nargsf, kwnames);
+    unsigned long long generation = state->generation;
     Py_ssize_t off = -1;
     long long stamp = 0, seq0 = 0;
     int is_async = 0;
@@ -338,20 +441,13 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
             }
         }
         if (group == NULL || group == Py_None) {
-            group = PyObject_GetAttr(rec, s_default_pg);
-            if (group == NULL) goto failed;
+            group = Py_NewRef(state->default_pg);
         } else {
             Py_INCREF(group);
         }
         {
-            PyObject *groups = PyObject_GetAttr(rec, s_groups);
-            if (groups == NULL) {
-                Py_DECREF(group);
-                goto failed;
-            }
-            ginfo = PyDict_GetItemWithError(groups, group);
+            ginfo = PyDict_GetItemWithError(self->groups, group);
             Py_XINCREF(ginfo);
-            Py_DECREF(groups);
             if (ginfo == NULL) {
                 if (PyErr_Occurred()) {
                     Py_DECREF(group);
@@ -403,34 +499,17 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         uint32_t site = 0, user_site = 0;
         {
             PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
-            if (cache_owner != mm) cache_clear(mm);
+            if (cache_generation != generation) cache_clear(generation);
             if (frame != NULL && !sites_from_cache(frame, &site, &user_site) &&
                 sites_from_python(rec, frame, &site, &user_site) < 0)
                 goto failed;
         }
 
-        /* The stamp and the slot: everything below runs without calling Python, so nothing else records between. */
-        long long step = int_attr(rec, s_step);
-        long long records_off = int_attr(rec, s_records_off);
-        long long capacity = int_attr(rec, s_capacity);
-        if (PyErr_Occurred()) goto failed;
-        if (capacity <= 0) {
-            PyErr_SetString(PyExc_ValueError, "the ring has no capacity");
-            goto failed;
-        }
-        {
-            PyObject *stamps = PyObject_GetAttr(rec, s_stamps);
-            PyObject *v = stamps ? PyIter_Next(stamps) : NULL;
-            Py_XDECREF(stamps);
-            if (v == NULL) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the stamp counter ended");
-                goto failed;
-            }
-            stamp = PyLong_AsLongLong(v);
-            Py_DECREF(v);
-            if (PyErr_Occurred()) goto failed;
-        }
-        off = (Py_ssize_t)(records_off + ((stamp - 1) % capacity) * record_size);
+        /* The stamp and the slot: from here on nothing calls Python (nothing else records in between), and the
+         * ring is the one the call began on (Python ran above: a new default group may have replaced it). */
+        if (state->mm == NULL || state->generation != generation) goto unrecorded;
+        stamp = (long long)state->next_stamp++;
+        off = (Py_ssize_t)(state->records_off + ((stamp - 1) % state->capacity) * record_size);
         int flags = self->flags | (is_async ? flag_async : enqueue_on ? flag_enqueued : 0);
         memset(buf, 0, (size_t)record_size);
         PUT(buf, F_STAMP, uint64_t, stamp);
@@ -443,16 +522,17 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         PUT(buf, F_NTENSORS, uint8_t, 1);
         PUT(buf, F_GROUP, uint16_t, slot);
         PUT(buf, F_SITE, uint32_t, site);
-        PUT(buf, F_STEP, uint64_t, step);
+        PUT(buf, F_STEP, uint64_t, state->step);
         PUT(buf, F_NUMEL, int64_t, numel);
         PUT(buf, F_PEER, int32_t, peer);
         for (int i = 0; i < 4 && i < ndim; i++) memcpy(buf + off_of[F_DIMS] + 8 * i, &dims[i], 8);
         PUT(buf, F_USER_SITE, uint32_t, user_site);
         PUT(buf, F_STAMP2, uint64_t, stamp);
-        if (write_ring(mm, off, buf, record_size) < 0) goto failed;
+        memcpy((char *)state->view.buf + off, buf, (size_t)record_size);
         goto recorded;
     failed:
         report_failure(rec, self->what);
+    unrecorded:
         off = -1;
     recorded:;
     }
@@ -517,7 +597,8 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
                 memcpy(exit_buf + off_of[F_T_EXIT] - base, &t, 8);
                 memcpy(exit_buf + off_of[F_SEQ_SPAN] - base, &sp, 4);
                 memcpy(exit_buf + off_of[F_STATUS] - base, &st, 1);
-                if (write_ring(mm, off + base, exit_buf, off_of[F_STATUS] + 1 - base) < 0) ok = 0;
+                if (state->mm != NULL && state->generation == generation) /* else: not the ring it began on */
+                    memcpy((char *)state->view.buf + off + base, exit_buf, (size_t)(off_of[F_STATUS] + 1 - base));
             }
             if (!ok) report_failure(rec, self->what_end);
         }
@@ -525,13 +606,14 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
     Py_XDECREF(seqfn);
     Py_XDECREF(tracked);
     Py_XDECREF(enqueue_on);
-    Py_DECREF(mm);
     return result;
 }
 
 static int recorded_traverse(Recorded *self, visitproc visit, void *arg) {
     Py_VISIT(self->original);
     Py_VISIT(self->rec);
+    Py_VISIT(self->state);
+    Py_VISIT(self->groups);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -539,6 +621,8 @@ static int recorded_traverse(Recorded *self, visitproc visit, void *arg) {
 static int recorded_clear(Recorded *self) {
     Py_CLEAR(self->original);
     Py_CLEAR(self->rec);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->groups);
     Py_CLEAR(self->dict);
     Py_CLEAR(self->payload_name);
     Py_CLEAR(self->peer_name);
@@ -596,17 +680,18 @@ static PyTypeObject RecordedType = {
     .tp_getset = recorded_getset,
 };
 
-/* Recorded(original, rec, op, flags, payload_pos, payload_name, group_pos, async_pos, peer_pos, peer_name,
+/* Recorded(original, rec, state, groups, op, flags, payload_pos, payload_name, group_pos, async_pos, peer_pos, peer_name,
  *          always_async, composite, spans, is_p2p, tracked_sync, name) */
 static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *original, *rec, *payload_name, *peer_name, *name;
+    PyObject *original, *rec, *state, *groups, *payload_name, *peer_name, *name;
     int op, flags, always_async, composite, spans, is_p2p, tracked_sync;
     Py_ssize_t payload_pos, group_pos, async_pos, peer_pos;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Recorded() takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOiinOnnnOpppppU", &original, &rec, &op, &flags, &payload_pos, &payload_name,
+    if (!PyArg_ParseTuple(args, "OOO!O!iinOnnnOpppppU", &original, &rec, &StateType, &state, &PyDict_Type, &groups,
+                          &op, &flags, &payload_pos, &payload_name,
                           &group_pos, &async_pos, &peer_pos, &peer_name, &always_async, &composite, &spans,
                           &is_p2p, &tracked_sync, &name))
         return NULL;
@@ -622,6 +707,8 @@ static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     self->original = original;
     Py_INCREF(rec);
     self->rec = rec;
+    self->state = (State *)Py_NewRef(state);
+    self->groups = Py_NewRef(groups);
     self->payload_name = payload_name == Py_None ? NULL : Py_NewRef(payload_name);
     self->peer_name = peer_name == Py_None ? NULL : Py_NewRef(peer_name);
     if (self->payload_name) PyUnicode_InternInPlace(&self->payload_name);
@@ -709,7 +796,7 @@ static PyObject *leave(PyObject *module, PyObject *unused) {
 }
 
 static PyObject *forget_sites(PyObject *module, PyObject *unused) {
-    cache_clear(NULL);
+    cache_clear(0);
     Py_RETURN_NONE;
 }
 
@@ -733,13 +820,6 @@ static struct PyModuleDef moduledef = {
     } while (0)
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-    INTERN(s_mm, "mm");
-    INTERN(s_step, "step");
-    INTERN(s_records_off, "records_off");
-    INTERN(s_capacity, "capacity");
-    INTERN(s_stamps, "stamps");
-    INTERN(s_default_pg, "default_pg");
-    INTERN(s_groups, "groups");
     INTERN(s_sites, "sites");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
@@ -751,12 +831,18 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(s_enqueued, "enqueued");
     INTERN(s_group, "group");
     INTERN(s_async_op, "async_op");
-    if (PyType_Ready(&RecordedType) < 0) return NULL;
+    if (PyType_Ready(&RecordedType) < 0 || PyType_Ready(&StateType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     Py_INCREF(&RecordedType);
     if (PyModule_AddObject(m, "Recorded", (PyObject *)&RecordedType) < 0) {
         Py_DECREF(&RecordedType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&StateType);
+    if (PyModule_AddObject(m, "State", (PyObject *)&StateType) < 0) {
+        Py_DECREF(&StateType);
         Py_DECREF(m);
         return NULL;
     }

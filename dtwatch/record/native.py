@@ -83,12 +83,12 @@ def make_native_wrapper(module: ModuleType | None, rec: Recorder, original: Call
                         spec: OpSpec) -> Callable[..., Any] | None:
     """The native wrapper of ``original``, or None where the op takes the Python path."""
     kind = spec.kind
-    if module is None or kind.payload not in NATIVE_PAYLOADS:
+    if module is None or rec.native is None or kind.payload not in NATIVE_PAYLOADS:
         return None
     payload_name = kind.payload_arg if kind.payload == TENSOR else None
     wrapper = module.Recorded(
-        original, rec, spec.code, kind.flags, spec.payload_pos, payload_name, spec.group_pos, spec.async_pos,
-        spec.peer_pos, kind.peer_arg, kind.always_async, kind.composite, spec.spans_several,
+        original, rec, rec.native, rec.groups, spec.code, kind.flags, spec.payload_pos, payload_name, spec.group_pos,
+        spec.async_pos, spec.peer_pos, kind.peer_arg, kind.always_async, kind.composite, spec.spans_several,
         bool(kind.flags & FLAG_P2P), spec.returns_before_completion, spec.name,
     )
     for attr in ("__module__", "__name__", "__qualname__", "__doc__"):

@@ -72,8 +72,7 @@ def install(**options: Any) -> bool:
             log.warning("dtwatch: torch.distributed is not available in this torch build; nothing to record")
             return False
         fastpath = choose_native(config.native)  # raises ConfigError for native='on' that cannot load
-        rec = Recorder(config)
-        rec.fastpath = fastpath
+        rec = Recorder(config, fastpath)
         _apply_env(rec)
         c10d = dist.distributed_c10d
         for name in OP_KINDS:

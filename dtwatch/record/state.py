@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +81,7 @@ def _no_site(filename: str, line: int, function: str) -> int:
 class Recorder:
     """State of dtwatch inside one training process. Use :func:`dtwatch.install`, not this class."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, fastpath: ModuleType | None = None) -> None:
         self.config = config
         self.run_dir = run_dir(config)
         self.host = socket.gethostname()
@@ -96,12 +96,14 @@ class Recorder:
         self.group_list: list[SampledGroup] = []  # groups with a ring slot, for the sampler
         self.tracked: list[TrackedGroup] = []  # groups whose calls return before they complete
         self.default_pg: Any = None
-        self.stamps = itertools.count(1)
+        # The native path's view of the ring (dtwatch.record.native), whose stamp counter every writer then shares.
+        self.fastpath = fastpath
+        self.native: Any = fastpath.State() if fastpath is not None else None
+        self.stamps: Iterator[int] = self.native if self.native is not None else itertools.count(1)
         self.step = 0
         self.explicit_steps = False
         self.pending = PendingWork()  # async work without a future, polled off the training thread
         self.tls = ThreadState()
-        self.fastpath: ModuleType | None = None  # the native recording path's module, where it records (install)
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module/class, attr, original, wrapper)
         # This ring's loader table: (loader identity, loop site, user site) -> its entry (see loader_started).
         self.loader_index: dict[tuple[int, int, int], LoaderSlot] = {}
@@ -185,6 +187,8 @@ class Recorder:
             self.fail(f"creating this rank's ring {path} (this process is not watched by dtwatch)", exc)
             return
         if old is not None:
+            if self.native is not None:
+                self.native.detach()  # the native wrappers let go of the old mapping before it is closed
             old.close()
         self.sites = SiteTable(ring.add_site)
         self.site_positions = self.sites.positions  # read by the wrappers' fast path
@@ -196,6 +200,12 @@ class Recorder:
         self.register_group(pg)
         # Published last: a wrapper that sees ``mm`` set finds everything else in place (the poll thread
         # may attach while the main thread calls a collective).
+        if self.native is not None:
+            try:
+                self.native.default_pg = pg
+                self.native.attach(ring.mm, ring.records_off, ring.capacity)
+            except Exception as exc:  # noqa: BLE001 - the native wrappers then pass calls through unrecorded
+                self.fail("attaching the native recording path to the ring", exc)
         self.mm = ring.mm
         if self.setup is not None:
             self.setup.attached()  # never raises
@@ -239,6 +249,9 @@ class Recorder:
         self.group_list, self.default_pg, self.tracked = [], None, []
         forget_all()
         self.mm = None  # wrappers pass straight through until attach() runs again
+        if self.native is not None:
+            self.native.detach()
+            self.native.default_pg = None
 
     def register_group(self, pg: Any) -> GroupEntry:
         """Add ``pg`` to the ring's group table (first use or sampler discovery)."""
@@ -321,6 +334,8 @@ class Recorder:
         elif self.explicit_steps or not self.config.auto_step:
             return
         self.step += 1
+        if self.native is not None:
+            self.native.step = self.step
         ring, mm = self.ring, self.mm
         if ring is None or mm is None:
             if ring is None and self.setup is not None:
@@ -432,7 +447,8 @@ class Recorder:
                     continue
         default = seqs.get(self.groups.get(self.default_pg, (NO_GROUP, None, None))[0], NO_SEQ)
         try:
-            stamps = int(repr(self.stamps)[6:-1])  # itertools.count's repr, "count(N)": read without taking one
+            # Read without taking one: the native counter says it, itertools.count's repr is "count(N)".
+            stamps = self.native.peek() if self.native is not None else int(repr(self.stamps)[6:-1])
         except ValueError:
             stamps = 0
         return default, seqs, stamps - self.step
