@@ -29,7 +29,13 @@ def bench(step: Step, name: str, backend: str, env: dict, timeout: float) -> dic
     step.info(f"[{name}] all_reduce of 16 floats, us per call",
               f"torch {ar['torch_us']:.2f}, with dtwatch {ar['dtwatch_us']:.2f}: +{ar['added_us']:.2f} "
               f"(IQR {ar['added_us_iqr']}); with the block's sync {ar['torch_us_with_sync']:.2f} vs "
-              f"{ar['dtwatch_us_with_sync']:.2f}; {res['device_backend_class']}, tracked={ring['tracked']}", key=True)
+              f"{ar['dtwatch_us_with_sync']:.2f}; {res['device_backend_class']}, tracked={ring['tracked']}, "
+              f"{res.get('recording_path', 'python')} path", key=True)
+    py = res.get("all_reduce_python_path")
+    if py:
+        step.info(f"[{name}] the same through the Python path, us per call",
+                  f"torch {py['torch_us']:.2f}, with dtwatch {py['dtwatch_us']:.2f}: +{py['added_us']:.2f} "
+                  f"(IQR {py['added_us_iqr']})", key=True)
     return res
 
 

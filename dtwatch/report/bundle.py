@@ -24,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
-import pickle
 import re
 import shutil
 import time
@@ -39,7 +39,10 @@ from dtwatch import paths
 from dtwatch.diagnose import Finding
 from dtwatch.diagnose.flight import summarize_entry
 from dtwatch.diagnose.state import RankState
+from dtwatch.report.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.ring.reader import IO_ERROR, InputProblem
+
+log = logging.getLogger("dtwatch")
 
 BAD_JSON = "bad_json"  # not JSON (cut short, garbled)
 BAD_CONTENT = "bad_content"  # JSON, but not what the file holds (a field missing or of the wrong type, another rank)
@@ -115,8 +118,13 @@ def summarize_flight_record(path: str) -> dict | None:
     """Readable summary of a torch Flight Recorder pickle: per entry the fields that matter."""
     try:
         with open(path, "rb") as f:
-            data = pickle.load(f)
+            data = load_plain(f, path)  # never runs code a crafted file names (report.safe_pickle)
+    except UnsafePickleError as exc:
+        log.warning("dtwatch: %s", exc)
+        return None
     except Exception:  # noqa: BLE001 - a damaged or foreign pickle can raise anything
+        return None
+    if not isinstance(data, dict):
         return None
     entries = [summarize_entry(e) for e in data.get("entries", [])]
     return {"version": data.get("version"), "pg_config": data.get("pg_config"), "entries": entries}

@@ -5,8 +5,8 @@
 dtwatch is installed before init_process_group (as a user would). Torch's own all_reduce (the wrapper's
 ``__dtwatch_original__``) and dtwatch's wrapper are timed in alternating blocks of BLOCK calls (order
 flipped every block, GC off, the GPU drained between blocks, untimed); reported: the median per call of
-each, of their per-block differences, and with the block's final synchronize included. GPU_CHECK_CPU=1:
-gloo on the CPU.
+each, of their per-block differences, and with the block's final synchronize included; where the native path
+records, the Python path is timed the same way. GPU_CHECK_CPU=1: gloo on the CPU.
 """
 import gc
 import json
@@ -77,7 +77,16 @@ def main() -> None:
     t = torch.ones(16, device=dev)
     wrapper = dist.all_reduce
     original = wrapper.__dtwatch_original__
+    res["recording_path"] = "native" if type(wrapper).__name__ == "Recorded" else "python"
     res["all_reduce"] = alternate(lambda: original(t), lambda: wrapper(t), sync, CALLS)
+    if res["recording_path"] == "native":  # the Python path too, for the comparison (its own records)
+        from dtwatch.ops import bind
+        from dtwatch.record.wrapper import make_wrapper
+
+        spec = bind("all_reduce", original)
+        assert spec is not None
+        python_path = make_wrapper(recorder.active(), original, spec)
+        res["all_reduce_python_path"] = alternate(lambda: original(t), lambda: python_path(t), sync, CALLS)
     sync()
     time.sleep(1.5)  # completion polls catch up (NCCL)
     snap = read_ring(os.path.join(os.environ["DTWATCH_DIR"], "bench", "rank-00000.ring"))
