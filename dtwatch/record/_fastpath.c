@@ -407,13 +407,14 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
             if (t == NULL) t = Py_None;
             PyObject *shape = PyObject_GetAttr(t, s_shape);
             if (shape == NULL) goto failed;
-            PyObject *seq = PySequence_Fast(shape, "a tensor's shape");
+            /* torch.Size is a tuple subclass: read in place (PySequence_Fast would copy it into a new list). */
+            PyObject *seq = PyTuple_Check(shape) ? Py_NewRef(shape) : PySequence_Tuple(shape);
             Py_DECREF(shape);
             if (seq == NULL) goto failed;
-            Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+            Py_ssize_t n = PyTuple_GET_SIZE(seq);
             ndim = n > 255 ? 255 : (int)n;
             for (Py_ssize_t i = 0; i < n && i < 4; i++) {
-                dims[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+                dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
             }
             Py_DECREF(seq);
             if (PyErr_Occurred()) goto failed;
