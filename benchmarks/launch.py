@@ -48,7 +48,7 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-12000:]}")
     return elapsed
 
 

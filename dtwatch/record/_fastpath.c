@@ -652,8 +652,6 @@ static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 
 static PyMemberDef recorded_members[] = {
     {"__dtwatch_original__", T_OBJECT, offsetof(Recorded, original), READONLY, "the function this wrapper replaced"},
-    {"__dictoffset__", T_PYSSIZET, offsetof(Recorded, dict), READONLY, NULL},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(Recorded, weaklist), READONLY, NULL},
     {NULL}
 };
 
