@@ -441,13 +441,14 @@ def _exporters(run_root: str, job_id: str, on: bool) -> contextlib.AbstractConte
 
 
 def bench_ddp(blocks: int, steps: int, warmup_blocks: int, timeout: float, exporters: bool = False,
-              model: str = "ddp") -> dict:
+              model: str = "ddp", extra_env: dict[str, str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="dtwatch-bench-ddp-") as tmp, \
             _exporters(tmp, "ddp", exporters) as export_stats:
         out = os.path.join(tmp, "ddp.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DTWATCH_", "TORCH_FR", "TORCH_NCCL"))}
         env.update(DTWATCH_DIR=tmp, DTWATCH_JOB_ID="ddp", DTWATCH_WATCHDOG="off", DTWATCH_STACK_SIGNAL="off",
                    OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+        env.update(extra_env or {})
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                str(HERE), "--ddp-worker", "--out", out, "--blocks", str(blocks), "--steps", str(steps),
                "--warmup-blocks", str(warmup_blocks), "--model", model]

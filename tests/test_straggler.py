@@ -308,3 +308,24 @@ def test_injected_straggler_on_a_loaded_machine_is_named(tmp_path):
     assert 0.02 <= w["details"]["straggler_lag_s"] <= 0.06
     assert re.search(r"rank 1 was the last to issue the collectives of group 0 in \d+ of the last \d+ training steps",
                      w["summary"])
+
+
+def test_recorded_calls_time_the_sequence_numbers_when_the_clock_is_quiet():
+    """The sequence clock runs only while calls go unrecorded: the recorded calls' entries then give the issue
+    times, thinned to one per 5 ms (the newest), so 256 kept pairs span as long as the clock's would."""
+    import numpy as np
+
+    from dtwatch.diagnose.state import SEQ_TIMES_KEPT, _seq_times
+    from dtwatch.ring.layout import SEQ_CLOCK_DTYPE
+
+    clock = np.zeros(2, dtype=SEQ_CLOCK_DTYPE)
+    clock["t"], clock["seq"], clock["group"] = [100.0, 100.5], [3, 5], [0, 1]  # group 1's sample is not ours
+    seqs = np.arange(4, 2004)
+    entered = 100.0 + (seqs - 4) * 0.001  # a call every millisecond
+    pairs = _seq_times(clock, 0, seqs, entered)
+    assert len(pairs) == SEQ_TIMES_KEPT
+    assert all(b[0] > a[0] and b[1] > a[1] for a, b in zip(pairs, pairs[1:]))
+    assert pairs[-1] == (2003, float(entered[-1]))
+    assert pairs[-1][1] - pairs[0][1] > 1.2  # ~256 x 5 ms, not 256 x 1 ms
+    assert _seq_times(clock[:0], 0, seqs[:0], entered[:0]) == []
+    assert _seq_times(clock, 0, seqs[:0], entered[:0]) == [(3, 100.0)]

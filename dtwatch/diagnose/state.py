@@ -267,7 +267,8 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             name=g.name, members=list(g.members) if g.members is not None else None,
             seq=max(py_seq, g.cpp_seq), completed=max(completed, g.completed_seq) if g.tracked else completed,
             py_seq=py_seq, cpp_seq=g.cpp_seq, cpp_seq_time=g.cpp_seq_time, recent=calls_at(mine[-recent:]),
-            tracked=g.tracked, seq_times=_seq_times(clock, g.slot), complete=unwrapped and len(mine) <= recent,
+            tracked=g.tracked, seq_times=_seq_times(clock, g.slot, seq_col[mine], t_enter[mine]),
+            complete=unwrapped and len(mine) <= recent,
         )
     open_idx = call_idx[call_exit == 0.0]
     alive, letter = process_state(snap.pid) if local else (None, "")
@@ -312,11 +313,26 @@ def _loaders(snap: RankSnapshot, call_times: np.ndarray, default_seq: int) -> li
 SEQ_TIMES_KEPT = 256
 
 
-def _seq_times(clock: np.ndarray, slot: int) -> list[tuple[int, float]]:
-    if not len(clock):
+SEQ_TIME_RESOLUTION = 0.005  # seconds: the recorded calls' entries kept as the sequence clock would sample them
+
+
+def _seq_times(clock: np.ndarray, slot: int, seqs: np.ndarray, entered: np.ndarray) -> list[tuple[int, float]]:
+    """(seq, when the rank's counter was first seen at or past it), newest SEQ_TIMES_KEPT, oldest first: the sequence
+    clock's samples, and the entries of the group's recorded calls (the clock runs only while calls go unrecorded),
+    these thinned to the newest call of every SEQ_TIME_RESOLUTION so the kept pairs span as long as the clock's."""
+    mine = clock[clock["group"] == slot] if len(clock) else clock
+    times = np.concatenate([mine["t"].astype(np.float64), entered.astype(np.float64)]) if len(mine) else \
+        entered.astype(np.float64)
+    values = np.concatenate([mine["seq"].astype(np.int64), seqs.astype(np.int64)]) if len(mine) else \
+        seqs.astype(np.int64)
+    if not len(times):
         return []
-    mine = clock[clock["group"] == slot][-SEQ_TIMES_KEPT:]
-    return list(zip(mine["seq"].tolist(), mine["t"].tolist(), strict=True))
+    order = np.lexsort((values, times))
+    times, values = times[order], values[order]
+    bucket = np.floor(times / SEQ_TIME_RESOLUTION)
+    last = np.append(bucket[1:] != bucket[:-1], True)  # the newest pair of each bucket
+    times, values = times[last][-SEQ_TIMES_KEPT:], values[last][-SEQ_TIMES_KEPT:]
+    return list(zip(values.tolist(), times.tolist(), strict=True))
 
 
 def op_name(code: int) -> str:

@@ -63,8 +63,15 @@ class SamplerHost(Protocol):
     def complete_finished_work(self, now: float) -> None:
         """Stamp the exit of the work handed over by the training threads that has completed since."""
 
+    def unrecorded_default_calls(self) -> bool:
+        """Whether the default group ran collectives since its newest recorded call (issued from C++, e.g. DDP's
+        reducer on a torch without collective hooks): what the sequence clock is for."""
+
     def fail(self, what: str, exc: BaseException | None = None) -> None:
         """dtwatch's own failure: one warning per process."""
+
+
+SEQ_CLOCK_HOLD = 5.0  # seconds the sequence clock keeps running after the last tick that saw unrecorded calls
 
 
 class Sampler(threading.Thread):
@@ -97,19 +104,24 @@ class Sampler(threading.Thread):
         # Between full ticks, only the default group's sequence counter is read, every
         # ``seq_clock_interval`` (a microsecond): when it advances is when DDP's reducer issued its
         # collectives. Other groups (a job may have hundreds) are read at the full tick.
+        # The clock runs only while the full ticks see collectives nobody recorded (and SEQ_CLOCK_HOLD after):
+        # waking a hundred times a second costs a Python-heavy step (FSDP2's) a few percent in GIL hand-overs, and
+        # where every collective is recorded (the wrapper, torch's collective hooks) the records time them.
         clock = self.seq_clock_interval
-        next_tick = 0.0
+        next_tick, clock_until, now = 0.0, 0.0, 0.0
         while not self._stop_event.is_set():
             try:
                 now = time.time()
                 if now >= next_tick:
                     next_tick = now + self.interval
                     self.tick()
-                elif clock:
+                    if clock and self.host.unrecorded_default_calls():
+                        clock_until = now + SEQ_CLOCK_HOLD
+                elif clock and now < clock_until:
                     self.sample_groups(now, only=self.host.default_pg)
             except Exception as exc:  # noqa: BLE001 - never let the thread die silently
                 self.host.fail("sampling", exc)
-            self._stop_event.wait(min(clock, self.interval) if clock else self.interval)
+            self._stop_event.wait(min(clock, self.interval) if clock and now < clock_until else self.interval)
 
     def tick(self) -> None:
         host, ring = self.host, self.ring

@@ -446,12 +446,25 @@ class Recorder:
                 except Exception:  # noqa: BLE001 - a group being destroyed
                     continue
         default = seqs.get(self.groups.get(self.default_pg, (NO_GROUP, None, None))[0], NO_SEQ)
+        return default, seqs, self._next_stamp() - self.step
+
+    def _next_stamp(self) -> int:
+        """The stamp the next record will take, read without taking it (1: none recorded yet, or unknown)."""
+        if self.native is not None:
+            return int(self.native.peek())
         try:
-            # Read without taking one: the native counter says it, itertools.count's repr is "count(N)".
-            stamps = self.native.peek() if self.native is not None else int(repr(self.stamps)[6:-1])
+            return int(repr(self.stamps)[6:-1])  # itertools.count's repr is "count(N)"
         except ValueError:
-            stamps = 0
-        return default, seqs, stamps - self.step
+            return 1
+
+    def unrecorded_default_calls(self) -> bool:
+        ring, (slot, seqfn, _tracked) = self.ring, self.groups.get(self.default_pg, (NO_GROUP, None, None))
+        if ring is None or seqfn is None or slot == NO_GROUP:
+            return False
+        try:
+            return int(seqfn()) > ring.last_call_seq(slot, self._next_stamp() - 1, look_back=128)
+        except Exception:  # noqa: BLE001 - a group being torn down, the ring closed: as if there were some
+            return True
 
     # -- calls that complete after they return -------------------------------------------------------
     def finish(self, off: int, stamp: int, status: int, span: int) -> None:

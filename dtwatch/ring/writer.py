@@ -15,6 +15,7 @@ from dtwatch.ring.layout import (
     COUNTS,
     DTYPE_CODES,
     EXIT,
+    FLAG_MARKER,
     GROUP,
     GROUP_COMPLETED,
     GROUP_COMPLETED_OFFSET,
@@ -46,6 +47,7 @@ from dtwatch.ring.layout import (
     OFF_MAIN_STACK,
     OFF_STACK_SIGNAL,
     OFF_STEP,
+    RECORD,
     RECORD_ENTRY_BY_NDIM,
     RECORD_EXIT,
     RECORD_EXIT_OFFSET,
@@ -259,6 +261,20 @@ class RingWriter:
                                   STATUS_OK if status is None else status)
         return off
 
+    def last_call_seq(self, slot: int, newest_stamp: int, look_back: int = 64) -> int:
+        """The last sequence number used by the newest recorded call (not a step marker) on group ``slot`` among
+        the ``look_back`` records before ``newest_stamp`` (0: none there). Read by the sampler's thread while the
+        training threads write: a record being written (its two stamps differ) is skipped."""
+        oldest = max(1, newest_stamp - min(look_back, self.capacity) + 1)
+        mm = self.mm
+        for stamp in range(newest_stamp, oldest - 1, -1):
+            off = self.records_off + ((stamp - 1) % self.capacity) * RECORD_SIZE
+            first, seq, span, flags, group, second = _CALL_SEQ.unpack_from(mm, off)
+            if first != stamp or second != stamp or flags & FLAG_MARKER or group != slot:
+                continue
+            return int(seq) + max(int(span), 1) - 1
+        return 0
+
     def set_stack_signal(self, sig: int) -> None:
         I32.pack_into(self.mm, OFF_STACK_SIGNAL, sig)
 
@@ -274,6 +290,12 @@ class RingWriter:
             self.mm.close()
         except (ValueError, OSError):
             pass
+
+
+# What last_call_seq reads of a record, in one unpack (the other fields skipped): stamp, seq, seq_span, flags,
+# group, stamp2.
+_CALL_SEQ = RECORD.span(skip=[f.name for f in RECORD.fields
+                              if f.name not in ("stamp", "seq", "seq_span", "flags", "group", "stamp2")])
 
 
 def _text(layout: Layout, name: str, text: str, keep_tail: bool = False) -> bytes:
