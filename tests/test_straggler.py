@@ -8,6 +8,7 @@ loops (started here, always killed) and assert no warning on healthy jobs and th
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import subprocess
@@ -324,7 +325,7 @@ def test_recorded_calls_time_the_sequence_numbers_when_the_clock_is_quiet():
     entered = 100.0 + (seqs - 4) * 0.001  # a call every millisecond
     pairs = _seq_times(clock, 0, seqs, entered)
     assert len(pairs) == SEQ_TIMES_KEPT
-    assert all(b[0] > a[0] and b[1] > a[1] for a, b in zip(pairs, pairs[1:]))
+    assert all(b[0] > a[0] and b[1] > a[1] for a, b in itertools.pairwise(pairs))
     assert pairs[-1] == (2003, float(entered[-1]))
     assert pairs[-1][1] - pairs[0][1] > 1.2  # ~256 x 5 ms, not 256 x 1 ms
     assert _seq_times(clock[:0], 0, seqs[:0], entered[:0]) == []
