@@ -188,7 +188,8 @@ class Config:
     """Seconds between heartbeats / C++ sequence samples of the in-process sampler thread."""
     seq_clock_interval: float = 0.01
     """Seconds between the sampler's reads of the default group's sequence counter, which time
-    collectives issued from C++ (DDP) for the straggler warning; 0: only every ``sample_interval``."""
+    collectives issued from C++ (DDP) for the straggler warning, while the group runs collectives dtwatch did not
+    record (recorded calls are timed by their records); 0: only every ``sample_interval``."""
     watchdog: str = "auto"
     """``auto``: the first rank of a node starts the node's watchdog if none runs; ``off``: never."""
     torch_env: bool = True
