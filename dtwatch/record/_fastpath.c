@@ -328,9 +328,6 @@ static int state_set_default_pg(State *self, PyObject *value, void *closure) {
     return 0;
 }
 
-static PyObject *state_get_attached(State *self, void *closure) {
-    return PyBool_FromLong(self->mm != NULL);
-}
 
 static PyMethodDef state_methods[] = {
     {"attach", (PyCFunction)state_attach, METH_VARARGS, "attach(mm, records_off, capacity)"},
@@ -342,7 +339,6 @@ static PyMethodDef state_methods[] = {
 static PyGetSetDef state_getset[] = {
     {"step", (getter)state_get_step, (setter)state_set_step, "the training step records carry", NULL},
     {"default_pg", (getter)state_get_default_pg, (setter)state_set_default_pg, "the group of group=None", NULL},
-    {"attached", (getter)state_get_attached, NULL, "whether a mapping is attached", NULL},
     {NULL}
 };
 
@@ -375,7 +371,7 @@ typedef struct {
     PyObject *what_end;     /* "recording the end of <op>" */
     vectorcallfunc vectorcall;
     Py_ssize_t payload_pos, group_pos, async_pos, peer_pos;
-    int op, flags, always_async, composite, spans, is_p2p, tracked_sync;
+    int op, flags, always_async, spans, is_p2p, tracked_sync;
 } Recorded;
 
 static PyObject *recorded_call_original(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -680,21 +676,20 @@ static PyTypeObject RecordedType = {
 };
 
 /* Recorded(original, rec, state, groups, op, flags, payload_pos, payload_name, group_pos, async_pos, peer_pos, peer_name,
- *          always_async, composite, spans, is_p2p, tracked_sync, name) */
+ *          always_async, spans, is_p2p, tracked_sync, name) */
 static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *original, *rec, *state, *groups, *payload_name, *peer_name, *name;
-    int op, flags, always_async, composite, spans, is_p2p, tracked_sync;
+    int op, flags, always_async, spans, is_p2p, tracked_sync;
     Py_ssize_t payload_pos, group_pos, async_pos, peer_pos;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Recorded() takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOO!O!iinOnnnOpppppU", &original, &rec, &StateType, &state, &PyDict_Type, &groups,
+    if (!PyArg_ParseTuple(args, "OOO!O!iinOnnnOppppU", &original, &rec, &StateType, &state, &PyDict_Type, &groups,
                           &op, &flags, &payload_pos, &payload_name,
-                          &group_pos, &async_pos, &peer_pos, &peer_name, &always_async, &composite, &spans,
+                          &group_pos, &async_pos, &peer_pos, &peer_name, &always_async, &spans,
                           &is_p2p, &tracked_sync, &name))
         return NULL;
-    (void)composite; /* a nested wrapped call passes through whatever the op (depth), which covers composites */
     if (record_size == 0) {
         PyErr_SetString(PyExc_RuntimeError, "configure() has not run");
         return NULL;
@@ -725,7 +720,6 @@ static PyObject *recorded_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     self->async_pos = async_pos;
     self->peer_pos = peer_pos;
     self->always_async = always_async;
-    self->composite = composite;
     self->spans = spans;
     self->is_p2p = is_p2p;
     self->tracked_sync = tracked_sync;
@@ -794,17 +788,12 @@ static PyObject *leave(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *forget_sites(PyObject *module, PyObject *unused) {
-    cache_clear(0);
-    Py_RETURN_NONE;
-}
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Give the record's layout (dtwatch.ring.layout)."},
     {"inside", inside, METH_NOARGS, "Whether this thread is inside a native wrapper's call."},
     {"enter", enter, METH_NOARGS, "A composite call starts on this thread (the Python wrapper's)."},
     {"leave", leave, METH_NOARGS, "It ended."},
-    {"forget_sites", forget_sites, METH_NOARGS, "Empty the call-site cache."},
     {NULL, NULL, 0, NULL}
 };
 
@@ -833,15 +822,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     if (PyType_Ready(&RecordedType) < 0 || PyType_Ready(&StateType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
-    Py_INCREF(&RecordedType);
-    if (PyModule_AddObject(m, "Recorded", (PyObject *)&RecordedType) < 0) {
-        Py_DECREF(&RecordedType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&StateType);
-    if (PyModule_AddObject(m, "State", (PyObject *)&StateType) < 0) {
-        Py_DECREF(&StateType);
+    if (PyModule_AddType(m, &RecordedType) < 0 || PyModule_AddType(m, &StateType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -88,7 +88,7 @@ def make_native_wrapper(module: ModuleType | None, rec: Recorder, original: Call
     payload_name = kind.payload_arg if kind.payload == TENSOR else None
     wrapper = module.Recorded(
         original, rec, rec.native, rec.groups, spec.code, kind.flags, spec.payload_pos, payload_name, spec.group_pos,
-        spec.async_pos, spec.peer_pos, kind.peer_arg, kind.always_async, kind.composite, spec.spans_several,
+        spec.async_pos, spec.peer_pos, kind.peer_arg, kind.always_async, spec.spans_several,
         bool(kind.flags & FLAG_P2P), spec.returns_before_completion, spec.name,
     )
     for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
