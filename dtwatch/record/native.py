@@ -18,6 +18,7 @@ optional there: without a compiler the package installs, and ``auto`` warns).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -91,12 +92,7 @@ def make_native_wrapper(module: ModuleType | None, rec: Recorder, original: Call
         spec.async_pos, spec.peer_pos, kind.peer_arg, kind.always_async, spec.spans_several,
         bool(kind.flags & FLAG_P2P), spec.returns_before_completion, spec.name,
     )
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        try:
-            setattr(wrapper, attr, getattr(original, attr))
-        except AttributeError:
-            pass
-    wrapper.__wrapped__ = original
+    functools.update_wrapper(wrapper, original)  # __name__, __doc__, __wrapped__ (for inspect.signature), ...
     return wrapper
 
 
