@@ -21,6 +21,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+/* CPython 3.11's frame records (see "walking the calling thread's Python frames"). */
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
@@ -52,7 +58,14 @@ static PyObject *s_sites,
 
 /* A thread inside a native wrapper's original call (what torch's collective hooks check: the wrapper records
  * the call), and what makes a nested wrapped call pass through (a composite op's inner calls). */
-static _Thread_local int depth = 0;
+#if defined(__GNUC__) && !defined(_WIN32)
+/* initial-exec: one load, not a call into the dynamic linker per access (an int fits the static TLS surplus that
+ * glibc keeps for modules loaded later; where it did not, the import fails and the Python path records). */
+#define THREAD_LOCAL _Thread_local __attribute__((tls_model("initial-exec")))
+#else
+#define THREAD_LOCAL _Thread_local
+#endif
+static THREAD_LOCAL int depth = 0;
 
 /* ---- what call-site resolution needs, cached: the same as dtwatch.record.callsite's caches ---------------
  * Three kinds of entries in one open-addressed table, keyed by (code object, instruction offset, tag):
@@ -109,60 +122,83 @@ static void cache_put(PyObject *code, int lasti, int tag, uint32_t value) {
     cache_used++;
 }
 
-/* The instruction offset of a frame, as f_lasti gives it (the cache's key; Python's own cache uses the same). */
-static inline int frame_lasti(PyFrameObject *frame) {
-#if PY_VERSION_HEX >= 0x030B0000
-    return PyFrame_GetLasti(frame);
-#else
-    return frame->f_lasti;
-#endif
+/* ---- walking the calling thread's Python frames -----------------------------------------------------------
+ * On CPython 3.11 the walk reads the interpreter's own frame records (no frame object is created: asking for
+ * PyFrameObjects materialises one per frame, which was most of the cost of a call made through library frames);
+ * elsewhere it uses the public frame API. Both give what Python's frame.f_lasti gives (a byte offset), the key
+ * the cache shares with dtwatch.record.callsite. Frames not yet started (incomplete) are skipped, as
+ * PyFrame_GetBack skips them. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define FAST_FRAMES 1
+typedef _PyInterpreterFrame *FrameRef;
+static inline FrameRef frame_complete(FrameRef f) {
+    while (f != NULL && _PyFrame_IsIncomplete(f)) f = f->previous;
+    return f;
 }
+static inline FrameRef frame_first(void) { return frame_complete(PyThreadState_GET()->cframe->current_frame); }
+static inline FrameRef frame_next(FrameRef f) { return frame_complete(f->previous); }
+static inline PyObject *frame_code(FrameRef f) { return (PyObject *)f->f_code; } /* borrowed */
+static inline int frame_lasti(FrameRef f) {
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+}
+static inline void frame_release(FrameRef f) { (void)f; }
+#else
+typedef PyFrameObject *FrameRef; /* a strong reference */
+static inline FrameRef frame_first(void) { return (FrameRef)Py_XNewRef(PyEval_GetFrame()); }
+static inline FrameRef frame_next(FrameRef f) {
+    FrameRef back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    return back;
+}
+static inline PyObject *frame_code(FrameRef f) { /* borrowed: the frame holds its code */
+    PyCodeObject *code = PyFrame_GetCode(f);
+    Py_DECREF(code);
+    return (PyObject *)code;
+}
+static inline int frame_lasti(FrameRef f) { return PyFrame_GetLasti(f); }
+static inline void frame_release(FrameRef f) { Py_XDECREF(f); }
+#endif
 
-/* (site, user site) of a call made in `frame` from the cache alone, as SiteTable.frame_sites resolves them: the
- * first frame outside torch and dtwatch, and the first user frame. 1: resolved; 0: something is not cached. */
-static int sites_from_cache(PyFrameObject *frame, uint32_t *site_out, uint32_t *user_out) {
+/* (site, user site) of a call made in the calling thread's innermost Python frame, from the cache alone, as
+ * SiteTable.frame_sites resolves them: the first frame outside torch and dtwatch, and the first user frame.
+ * 1: resolved (also with no Python frame at all: 0, 0); 0: something is not cached. */
+static int sites_from_cache(uint32_t *site_out, uint32_t *user_out) {
     uint32_t site = 0, value;
-    int found = 0;
-    Py_INCREF(frame);
-    PyFrameObject *f = frame;
+    FrameRef f = frame_first();
+    if (f == NULL) {
+        *site_out = *user_out = 0;
+        return 1;
+    }
     while (f != NULL) {
-        PyObject *code = (PyObject *)PyFrame_GetCode(f);
-        int lasti = frame_lasti(f);
-        if (!cache_get(code, -1, TAG_KIND, &value)) {
-            Py_DECREF(code);
-            break;
-        }
+        PyObject *code = frame_code(f);
+        if (!cache_get(code, -1, TAG_KIND, &value)) break;
         if (value == KIND_USER) {
             uint32_t user;
-            if (cache_get(code, lasti, TAG_USER_POS, &user)) {
-                *site_out = site ? site : user;
-                *user_out = user;
-                found = 1;
-            }
-            Py_DECREF(code);
-            break;
+            if (!cache_get(code, frame_lasti(f), TAG_USER_POS, &user)) break;
+            frame_release(f);
+            *site_out = site ? site : user;
+            *user_out = user;
+            return 1;
         }
-        if (value != KIND_INTERNAL && !site) {
-            if (!cache_get(code, lasti, TAG_OTHER_POS, &site)) {
-                Py_DECREF(code);
-                break;
-            }
-        }
-        Py_DECREF(code);
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-        if (f == NULL) { /* no user frame on the stack: the site is the user's site too */
-            *site_out = *user_out = site;
-            found = 1;
-        }
+        if (value != KIND_INTERNAL && !site && !cache_get(code, frame_lasti(f), TAG_OTHER_POS, &site)) break;
+        f = frame_next(f);
     }
-    Py_XDECREF(f);
-    return found;
+    if (f == NULL) { /* no user frame on the stack: the site is the user's site too */
+        *site_out = *user_out = site;
+        return 1;
+    }
+    frame_release(f);
+    return 0;
 }
 
 /* Ask Python (rec.sites.walk) to resolve and register what the cache lacked, cache it, and resolve again. */
-static int sites_from_python(PyObject *rec, PyFrameObject *frame, uint32_t *site_out, uint32_t *user_out) {
+static int sites_from_python(PyObject *rec, uint32_t *site_out, uint32_t *user_out) {
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    if (frame == NULL) {
+        *site_out = *user_out = 0;
+        return 0;
+    }
     PyObject *sites = PyObject_GetAttr(rec, s_sites);
     PyObject *walked = sites ? PyObject_CallMethodOneArg(sites, s_walk, (PyObject *)frame) : NULL;
     Py_XDECREF(sites);
@@ -183,7 +219,7 @@ static int sites_from_python(PyObject *rec, PyFrameObject *frame, uint32_t *site
         if (site) cache_put(code, lasti, kind == KIND_USER ? TAG_USER_POS : TAG_OTHER_POS, (uint32_t)site);
     }
     Py_DECREF(seq);
-    if (!sites_from_cache(frame, site_out, user_out)) *site_out = *user_out = 0; /* a full table: unknown (0) */
+    if (!sites_from_cache(site_out, user_out)) *site_out = *user_out = 0; /* a full table: unknown (0) */
     return 0;
 }
 
@@ -495,11 +531,8 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         /* The call site: the calling frame (a C callable runs in its caller's frame), from the cache. */
         uint32_t site = 0, user_site = 0;
         {
-            PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
             if (cache_generation != generation) cache_clear(generation);
-            if (frame != NULL && !sites_from_cache(frame, &site, &user_site) &&
-                sites_from_python(rec, frame, &site, &user_site) < 0)
-                goto failed;
+            if (!sites_from_cache(&site, &user_site) && sites_from_python(rec, &site, &user_site) < 0) goto failed;
         }
 
         /* The stamp and the slot: from here on nothing calls Python (nothing else records in between), and the
