@@ -28,6 +28,15 @@ TORCH_ENV = (
 )
 
 
+CURRENT_TEST_FILE = os.environ.get("DTWATCH_CI_CURRENT_TEST")  # .ci/run names the test a killed run was in
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    if CURRENT_TEST_FILE:
+        with open(CURRENT_TEST_FILE, "w") as f:
+            f.write(nodeid + "\n")
+
+
 @pytest.fixture
 def dtwatch_env(tmp_path, monkeypatch):
     """A clean dtwatch environment in this process: ``DTWATCH_DIR`` under tmp_path, a unique job id, the

@@ -257,6 +257,19 @@ def test_without_step_markers_each_collective_is_a_step():
     assert not lags.stepped and len(lags.steps) == 28 and lags.period == pytest.approx(0.1)
 
 
+def test_a_garbled_sequence_number_costs_nothing_and_names_no_straggler():
+    """A bit flipped in a damaged ring's sequence number (the format has no checksums) once made the issue times a
+    dict of 2**39 entries. Only the newest numbers are ever compared, so only they are filled in."""
+    from dtwatch.diagnose.straggler import FILL_BACK, issue_times
+
+    clock = [(q, 10.0 + q * 0.1) for q in range(1, 30)]
+    garbled = _state(0, clock[:-1] + [(1 << 39, clock[-1][1])], [], [], [])
+    times = issue_times(garbled)
+    assert len(times) <= FILL_BACK + len(clock)
+    assert max(times) == 1 << 39
+    assert straggler_warning(entry_lags([garbled, _state(1, clock, [], [], [])]), 20.0) is None
+
+
 # -- live: real jobs, both cores saturated ---------------------------------------------------------------
 def busy_loops(n: int = 2) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]

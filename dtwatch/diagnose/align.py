@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
+from dtwatch.ring.layout import MAX_SEQ_SPAN
 
 HISTORY = 192  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
 WINDOW = 160  # tokens aligned after the first number where the streams differ (bounds the O(n^2) table)
@@ -111,7 +112,7 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str) -> l
         if c.span <= 1:
             covered[c.seq] = c
         else:
-            for q in range(c.seq, c.seq + c.span):
+            for q in range(c.seq, c.seq + min(c.span, MAX_SEQ_SPAN)):  # a garbled span costs nothing
                 covered[q] = c
     if not covered and not g.complete:
         return []

@@ -42,6 +42,7 @@ from dtwatch.diagnose.order import group_parting, parting_finding
 from dtwatch.diagnose.state import CPP_OP, Call, RankState
 from dtwatch.diagnose.text import fmt_site, silent_desync_summary, with_source
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
+from dtwatch.ring.layout import MAX_SEQ_SPAN
 
 CPP = "cpp"
 _SKIP = "skip"
@@ -66,7 +67,7 @@ def _signature(s: RankState, group: str, seq: int, by_seq: dict[int, Call]) -> t
 def _covering(calls: list[Call]) -> dict[int, Call]:
     out: dict[int, Call] = {}
     for c in calls:
-        for seq in range(c.seq, c.seq + max(c.span, 1)):
+        for seq in range(c.seq, c.seq + min(max(c.span, 1), MAX_SEQ_SPAN)):  # a garbled span costs nothing
             out[seq] = c
     return out
 

@@ -38,6 +38,7 @@ from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.state import RankState
 
 MAX_COMPARED = 200  # the newest collectives of group 0 compared across ranks
+FILL_BACK = 10 * MAX_COMPARED  # how far back from the newest number the issue times are filled in
 WINDOW_STEPS = 20  # one look judges at most this many of the newest complete steps
 MIN_STEPS = 10  # ... and at least this many
 MIN_SHARE = 0.9  # the candidate was the last rank in at least this share of them (18 of 20)
@@ -99,11 +100,16 @@ def _issue_times(s: RankState, group: str = "0") -> tuple[dict[int, float], set[
     if g is None:
         return {}, set()
     out: dict[int, float] = {}
+    # Only the newest numbers are ever compared (MAX_COMPARED common to all ranks, which a group's ranks cannot
+    # be far apart in): the gaps are filled no further back than FILL_BACK from the newest, so one garbled number
+    # in a damaged ring costs nothing.
+    newest = max([int(seq) for seq, _ in g.seq_times] + [c.seq for c in g.recent], default=0)
+    floor = newest - FILL_BACK
     prev = None
     for seq, t in g.seq_times:
         seq = int(seq)
         if prev is not None:
-            for q in range(prev + 1, seq + 1):
+            for q in range(max(prev + 1, floor), seq + 1):
                 out[q] = t
         prev = seq if prev is None else max(prev, seq)
     exact = set()

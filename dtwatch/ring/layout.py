@@ -303,3 +303,8 @@ DTYPE_ITEMSIZE = {
     "int64": 8, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1,
     "float8_e5m2": 1, "uint16": 2, "uint32": 4, "uint64": 8,
 }
+
+# What a reader takes for garbled rather than a job's (the format has no checksums): a group's sequence number
+# beyond 10^12 collectives, and a call taking more numbers than this (a batch of p2p ops on gloo takes one per op).
+MAX_SEQ = 1 << 40
+MAX_SEQ_SPAN = 1 << 16

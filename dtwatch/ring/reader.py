@@ -39,6 +39,8 @@ from dtwatch.ring.layout import (
     LOADER,
     LOADER_SIZE,
     MAGIC,
+    MAX_SEQ,
+    MAX_SEQ_SPAN,
     MEMBER_DTYPE,
     NO_SEQ,
     NUMEL_FROM_SHAPE,
@@ -79,13 +81,11 @@ class InputProblem:
     its name; empty when neither says) are unknown unless another file holds them."""
 
     path: str
-    problem: str
-    """A code above (a bundle's files: ``bad_json``, ``bad_content``)."""
+    problem: str  # a code above (a bundle's files: bad_json, bad_content)
     detail: str
     ranks: tuple[int, ...] = ()
     read: bool = False
-    dropped: int = 0
-    """Records that failed their checks and were left out."""
+    dropped: int = 0  # records that failed their checks and were left out
 
     def line(self) -> str:
         return f"{self.path}: {self.detail}" + ("" if self.read else "; not read")
@@ -518,8 +518,7 @@ _ZERO_SPANS = [(RECORD.offset(f.name), RECORD.offset(f.name) + f.size) for f in 
 def _valid_records(recs: np.ndarray, sites_cap: int) -> tuple[np.ndarray, int]:
     """The records that pass their checks, oldest first, as a copy, normalized; and how many written slots fail
     them: equal leading and trailing stamps, in the slot the stamp gives, among the newest ``capacity``, codes a
-    writer writes, times that are numbers, zero padding and unused dims (a slot caught mid-write fails, and passes
-    next poll)."""
+    writer writes, finite times, plausible numbers and spans, zero padding and unused dims (a torn slot fails)."""
     capacity = len(recs)
     # Gather the candidates by their stamp columns once, in stamp order, as opaque 128-byte items (numpy copies a
     # structured dtype with sub-array fields field by field, ~25x slower), and check them there.
@@ -536,6 +535,7 @@ def _valid_records(recs: np.ndarray, sites_cap: int) -> tuple[np.ndarray, int]:
     ok = ((cand["op"] < len(OPS)) & (cand["dtype"] < len(DTYPES)) & (cand["status"] <= 2)
           & ((cand["flags"] & ~np.uint8(RECORD_FLAGS)) == 0) & np.isfinite(cand["t_enter"])
           & np.isfinite(cand["t_exit"]) & (cand["site"] <= sites_cap) & (cand["user_site"] <= sites_cap)
+          & (cand["seq"] < MAX_SEQ) & (cand["seq_span"] <= MAX_SEQ_SPAN)
           & (cand["numel"] >= NUMEL_FROM_SHAPE) & ~((cand["dims"] != 0) & (_DIMS >= cand["ndim"][:, None])).any(axis=1))
     for lo, hi in _ZERO_SPANS:
         ok &= ~raw[:, lo:hi].any(axis=1)
@@ -546,7 +546,7 @@ def _valid_records(recs: np.ndarray, sites_cap: int) -> tuple[np.ndarray, int]:
 
 def _read_seq_clock(data: bytes | memoryview, seq_clock_off: int, groups_cap: int) -> tuple[np.ndarray, int]:
     """The sequence clock, oldest first (empty in rings written before it existed), and how many of its
-    entries failed their checks (a time that is not a number, a group slot past the table)."""
+    entries failed their checks (a time that is not a number, a group slot past the table, a garbled number)."""
     if not seq_clock_off or len(data) < seq_clock_off + SEQ_CLOCK_BYTES:
         return np.empty(0, dtype=SEQ_CLOCK_DTYPE), 0
     count = SEQ_CLOCK_COUNT.unpack_from(data, seq_clock_off)[0]
@@ -557,7 +557,7 @@ def _read_seq_clock(data: bytes | memoryview, seq_clock_off: int, groups_cap: in
     else:
         start = count % SEQ_CLOCK_ENTRIES  # a ring: oldest first from the next slot to be written
         clock = np.concatenate([table[start:], table[:start]])
-    ok = np.isfinite(clock["t"]) & (clock["group"] < groups_cap)
+    ok = np.isfinite(clock["t"]) & (clock["group"] < groups_cap) & (clock["seq"] < MAX_SEQ)
     return (clock, 0) if ok.all() else (clock[ok], int((~ok).sum()))
 
 
