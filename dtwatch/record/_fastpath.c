@@ -223,6 +223,48 @@ static int sites_from_python(PyObject *rec, uint32_t *site_out, uint32_t *user_o
     return 0;
 }
 
+/* ---- a tensor's shape and dtype ------------------------------------------------------------------------
+ * Read through the getters torch's tensor type defines, found once per type (the last type seen) instead of by
+ * the generic attribute lookup on every call. The type's version tag says when its attributes changed (a getter
+ * replaced): then they are looked up again. A type whose attribute is not a C getter (a subclass that defines
+ * `shape` in Python) goes through the generic lookup every time. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference; NULL: nothing cached */
+    unsigned int version;
+    getter shape, dtype;  /* NULL: that attribute is read by the generic lookup */
+    void *shape_closure, *dtype_closure;
+} TensorGetters;
+static TensorGetters tensor_getters = {NULL, 0, NULL, NULL, NULL, NULL};
+
+static void getter_of(PyTypeObject *type, PyObject *name, getter *get, void **closure) {
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
+    *get = NULL;
+    *closure = NULL;
+    if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *def = ((PyGetSetDescrObject *)descr)->d_getset;
+        *get = def->get;
+        *closure = def->closure;
+    }
+}
+
+static inline TensorGetters *getters_for(PyTypeObject *type) {
+    TensorGetters *g = &tensor_getters;
+    if (g->type == type && PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG) && g->version == type->tp_version_tag)
+        return g;
+    Py_INCREF(type);
+    Py_XSETREF(g->type, type);
+    getter_of(type, s_shape, &g->shape, &g->shape_closure);
+    getter_of(type, s_dtype, &g->dtype, &g->dtype_closure);
+    /* _PyType_Lookup assigned a version tag where it could; without one, nothing is cached. */
+    if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) g->shape = g->dtype = NULL;
+    g->version = type->tp_version_tag;
+    return g;
+}
+
+static inline PyObject *tensor_attr(PyObject *t, getter get, void *closure, PyObject *name) {
+    return get != NULL ? get(t, closure) : PyObject_GetAttr(t, name);
+}
+
 /* ---- helpers ---------------------------------------------------------------------------------------- */
 static inline double now(void) {
     struct timespec ts;
@@ -437,7 +479,8 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
         if (self->payload_name != NULL) {
             PyObject *t = arg_at(args, nargs, kwnames, self->payload_pos, self->payload_name);
             if (t == NULL) t = Py_None;
-            PyObject *shape = PyObject_GetAttr(t, s_shape);
+            TensorGetters *tg = getters_for(Py_TYPE(t));
+            PyObject *shape = tensor_attr(t, tg->shape, tg->shape_closure, s_shape);
             if (shape == NULL) goto failed;
             /* torch.Size is a tuple subclass: read in place (PySequence_Fast would copy it into a new list). */
             PyObject *seq = PyTuple_Check(shape) ? Py_NewRef(shape) : PySequence_Tuple(shape);
@@ -450,7 +493,8 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
             }
             Py_DECREF(seq);
             if (PyErr_Occurred()) goto failed;
-            PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+            tg = getters_for(Py_TYPE(t)); /* the shape's getter ran code: the cache may have moved on */
+            PyObject *dtype = tensor_attr(t, tg->dtype, tg->dtype_closure, s_dtype);
             if (dtype == NULL) goto failed;
             PyObject *code = PyDict_GetItemWithError(dtype_codes, dtype);
             Py_DECREF(dtype);
