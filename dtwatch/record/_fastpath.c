@@ -45,6 +45,8 @@ static const Py_ssize_t field_sizes[N_FIELDS] = {8, 8, 8, 8, 4, 1, 1, 1, 1, 1, 1
 static Py_ssize_t off_of[N_FIELDS];
 static Py_ssize_t record_size = 0; /* 0: not configured */
 static PyObject *dtype_codes = NULL;  /* torch.dtype -> the ring's code */
+static PyObject *last_dtype = NULL;   /* the dtype looked up last (a strong reference), and its code */
+static int last_dtype_code = 0;
 static long long numel_from_shape = -2;
 static int flag_async = 1, flag_enqueued = 32;
 static int status_ok = 1, status_error = 2;
@@ -496,10 +498,19 @@ static PyObject *recorded_vectorcall(PyObject *callable, PyObject *const *args, 
             tg = getters_for(Py_TYPE(t)); /* the shape's getter ran code: the cache may have moved on */
             PyObject *dtype = tensor_attr(t, tg->dtype, tg->dtype_closure, s_dtype);
             if (dtype == NULL) goto failed;
-            PyObject *code = PyDict_GetItemWithError(dtype_codes, dtype);
-            Py_DECREF(dtype);
-            if (code == NULL && PyErr_Occurred()) goto failed;
-            dt = code ? (int)PyLong_AsLong(code) : 0;
+            if (dtype == last_dtype) { /* a job's tensors share a few dtypes: the last one's code, without hashing */
+                dt = last_dtype_code;
+                Py_DECREF(dtype);
+            } else {
+                PyObject *code = PyDict_GetItemWithError(dtype_codes, dtype);
+                if (code == NULL && PyErr_Occurred()) {
+                    Py_DECREF(dtype);
+                    goto failed;
+                }
+                dt = code ? (int)PyLong_AsLong(code) : 0;
+                last_dtype_code = dt;
+                Py_XSETREF(last_dtype, dtype); /* holds it: its address is never another object's */
+            }
             if (n <= 4) {
                 numel = numel_from_shape; /* the reader derives it from the dims */
             } else {
@@ -842,6 +853,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     record_size = size;
     Py_INCREF(codes);
     Py_XSETREF(dtype_codes, codes);
+    Py_CLEAR(last_dtype); /* new codes: the cached one may be stale */
     numel_from_shape = nfs;
     flag_async = fa;
     flag_enqueued = fe;
