@@ -145,10 +145,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     result = analyze(args.paths, window=args.window)
     if not result.states and not result.problems:
-        print("dtwatch analyze: no rings or bundles found under " + ", ".join(args.paths), file=sys.stderr)
+        print("dtwatch analyze: no rings, bundles or Flight Recorder dumps found under " + ", ".join(args.paths),
+              file=sys.stderr)
         return EXIT_USAGE
     text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings,
-                       verdict=result.verdict, live_warnings=result.live_warnings)
+                       verdict=result.verdict, live_warnings=result.live_warnings,
+                       dumps=result.dumps.to_dict() if result.dumps is not None else None)
     if args.svg or args.html:
         svg = render_svg(result.states, result.findings, now=result.now)
         if args.svg:
@@ -231,8 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="merge run directories / incident bundles into one report",
                        description="Merge any number of nodes' run directories and incident bundles: findings first, "
-                                   "then per-rank state, then evidence. Exit status 1 when a stall is found.")
-    p.add_argument("paths", nargs="+", metavar="DIR", help="run directories, bundles or ring files")
+                                   "then per-rank state, then evidence. Also diagnoses a job that ran without dtwatch "
+                                   "from torch's own Flight Recorder dumps (one file per rank, pickle or JSON, found "
+                                   "by content; never unpickled beyond plain data). Exit status 1 when a stall is "
+                                   "found.",
+                       epilog="Example: dtwatch analyze /tmp/nccl_dumps/  (torch's per-rank Flight Recorder files)")
+    p.add_argument("paths", nargs="+", metavar="DIR",
+                   help="run directories, bundles, ring files, or Flight Recorder dump directories or files")
     p.add_argument("--json", action="store_true", help="print JSON: {findings: [...], warnings, ranks, bundles}")
     p.add_argument("--svg", metavar="FILE", help="write the per-rank timeline as SVG")
     p.add_argument("--html", metavar="FILE", help="write the timeline and report as one HTML page")

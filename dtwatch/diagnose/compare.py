@@ -136,7 +136,18 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.issued)
     unseen = _unseen_members(ctx, p.rank, p.issued)
-    if unseen:
+    culprits: list[int] = []
+    if unseen and _from_dumps(ctx):
+        # Every rank that dumped issued the call and it did not complete: the members with no dump are the only
+        # ones it can be waiting for (what they did is not in any dump).
+        seen = sorted(ctx.by_rank)
+        culprits = unseen
+        parts = [f"{fmt_ranks(seen)} (every rank that left a dump) {ctx.presence(seen)} {describe(p.issued)} at "
+                 f"{ctx.fmt(site)}, not completed", _never_seen(ctx, unseen),
+                 f"{verb(unseen, 'it is', 'they are')} the only member{'' if len(unseen) == 1 else 's'} of group "
+                 f"{p.issued.group} not shown in that call, so the others wait for {verb(unseen, 'it', 'them')}, "
+                 "unless the collective itself is not completing"]
+    elif unseen:
         seen = sorted(ctx.by_rank)
         parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
                  f"{describe(p.issued)} at {ctx.fmt(site)}", _never_seen(ctx, unseen)]
@@ -144,10 +155,15 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
         parts = [f"all ranks are inside {describe(p.issued)} at {ctx.fmt(site)} and none is missing",
                  "the collective itself is not completing (network, transport, or a peer outside this job)"]
     return [Finding(
-        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
-        op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=ctx.site(site),
-        details={"unseen_ranks": unseen}, **fields,
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=culprits, summary=sentence(*parts),
+        op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=None if culprits else ctx.site(site),
+        details={"unseen_ranks": unseen, **({"no_dump": unseen} if culprits else {})}, **fields,
     )]
+
+
+def _from_dumps(ctx: Context) -> bool:
+    """The ranks are known from torch's Flight Recorder dumps alone (a job that ran without dtwatch)."""
+    return any(s.from_dump for s in ctx.states)
 
 
 def _p2p_cycle(ctx: Context, blocked: list[Position]) -> list[Position]:
@@ -261,7 +277,8 @@ def _never_seen(ctx: Context, unseen: list[int]) -> str:
     parts = []
     if damaged:
         it = "it" if len(damaged) == 1 else "they"
-        parts.append(f"{fmt_ranks(damaged)} wrote {'a ring' if len(damaged) == 1 else 'rings'} that could not be "
+        what = "a dump" if _from_dumps(ctx) else "a ring"
+        parts.append(f"{fmt_ranks(damaged)} wrote {what if len(damaged) == 1 else what[2:] + 's'} that could not be "
                      f"read (damaged: see the damaged inputs), so whether {it} issued this call is not known")
     if not unseen:
         return "; ".join(parts)
@@ -270,6 +287,10 @@ def _never_seen(ctx: Context, unseen: list[int]) -> str:
         parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
                      "node's view (a job this large exchanges only the ranks that stand out and a sample of the "
                      f"others), so whether {pronoun} issued this call is not known here")
+    elif _from_dumps(ctx):
+        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) left no Flight Recorder dump (a crash or a "
+                     "kill before the others dumped, or a dump that was not written or not collected), so whether "
+                     f"{pronoun} issued this call is not known")
     else:
         parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: "
                      "no ring (started without dtwatch, or on a node whose watchdog this one cannot reach), so "

@@ -311,6 +311,9 @@ class Context:
             # they wait for the culprit is not known.
             if ended:
                 return fields, f"{names} ended as well"
+            if all(r in self.by_rank and self.by_rank[r].from_dump for r in ranks):
+                whose = verb(ranks, "its", "their")
+                return fields, f"{names} {verb(ranks, 'has', 'have')} no collective in flight in {whose} dump"
             return fields, f"{names} {verb(ranks, 'is', 'are')} still running, in no collective seen"
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}

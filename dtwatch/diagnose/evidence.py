@@ -95,6 +95,12 @@ class Evidence:
         a silent desync seen then may have left the rings' history since."""
         return []
 
+    def dump_facts(self, rank: int) -> dict | None:
+        """For a rank known from torch's Flight Recorder dump alone: what the dump says beyond its entries
+        (``p2p_unrecorded``: group -> point-to-point ops gloo's recorder left out, seen as skipped op numbers;
+        ``frames``: whether its entries carry Python frames). None otherwise."""
+        return None
+
 
 class FileEvidence(Evidence):
     """Evidence from this machine: source files, lint, and whatever the watchdog collected."""
@@ -108,8 +114,10 @@ class FileEvidence(Evidence):
         sample: ViewSample | None = None,
         earlier: list | None = None,
         unreadable: set[int] | None = None,
+        dump_facts: dict[int, dict] | None = None,
     ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
+        self._dump_facts = dump_facts or {}
         self._unreadable = set(unreadable or ())
         self._sample = sample
         self._earlier = list(earlier or [])
@@ -165,13 +173,18 @@ class FileEvidence(Evidence):
     def earlier_findings(self) -> list:
         return self._earlier
 
+    def dump_facts(self, rank: int) -> dict | None:
+        return self._dump_facts.get(rank)
+
 
 class RecordedEvidence(Evidence):
     """Evidence kept with a captured incident (``dtwatch capture``): sources, stacks, flight records."""
 
     def __init__(self, sources: dict | None = None, stacks: dict | None = None,
-                 flight_records: dict | None = None, endings: dict | None = None, earlier: list | None = None) -> None:
+                 flight_records: dict | None = None, endings: dict | None = None, earlier: list | None = None,
+                 dump_facts: dict | None = None) -> None:
         self._earlier = list(earlier or [])
+        self._dump_facts = dump_facts or {}
         self._sources = sources or {}
         self._stacks = stacks or {}
         self._fr = flight_records or {}
@@ -200,6 +213,9 @@ class RecordedEvidence(Evidence):
 
     def ending(self, rank: int) -> dict | None:
         return self._endings.get(str(rank))
+
+    def dump_facts(self, rank: int) -> dict | None:
+        return self._dump_facts.get(str(rank), self._dump_facts.get(rank))
 
 
 def main_thread_frames(threads: object) -> list[dict] | None:

@@ -50,6 +50,9 @@ def stuck_outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[
     first_group = fields["waiting_group"]
     for r in outside:
         s = ctx.by_rank[r]
+        if s.from_dump:
+            findings.append(_outside_in_dump(ctx, r, fields, waiting_txt))
+            continue
         stack = ctx.ev.stack(r)
         top_user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
         site = top_user or s.main_site
@@ -68,3 +71,34 @@ def stuck_outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[
             details={"main_top_site": s.main_top_site, "main_stack": s.main_stack, "step": s.step}, **fields,
         ))
     return findings
+
+
+def _outside_in_dump(ctx: Context, r: int, fields: dict, waiting_txt: str) -> Finding:
+    """A rank known from its Flight Recorder dump alone, with no collective in flight there: its last recorded
+    one, and that where it is now is not in a dump. gloo's recorder leaves out send/recv: a rank whose op numbers
+    skip some made point-to-point calls, and may be blocked in one now."""
+    s = ctx.by_rank[r]
+    group = fields["waiting_group"]
+    last = max((c for g in s.groups.values() for c in g.recent), key=lambda c: c.t_enter, default=None)
+    seq = s.groups[group].seq if group in s.groups else None
+    site = ctx.user_site(r, last)
+    behind = seq is not None and (last is None or (last.group, last.seq) != (group, seq))
+    parts = [f"rank {r} has no collective in flight in its Flight Recorder dump"
+             + (f": its last recorded one, {describe(last)} at {ctx.fmt(site)}, is no longer in flight" if last else
+                ": it recorded none"),
+             f"it has issued up to seq {seq} of group {group}" if behind else "",
+             "where it is now is not in a dump (a dump holds no stack)"]
+    skipped = ((ctx.ev.dump_facts(r) or {}).get("p2p_unrecorded") or {})
+    if skipped and s.backend == "gloo":
+        total = sum(skipped.values())
+        calls = "a point-to-point call" if total == 1 else "point-to-point calls"
+        parts.append(f"gloo's Flight Recorder does not record send/recv, and rank {r}'s op numbers skip {total} "
+                     f"({calls} it made): it may be blocked in one now")
+    parts.append(waiting_txt)
+    return Finding(
+        kind=Kind.STUCK_OUTSIDE, severity=STALL, ranks=[r], summary=sentence(*parts), site=None, group=group, seq=seq,
+        details={"from_dump": True, "last_recorded": ({"op": last.op, "group": last.group, "seq": last.seq,
+                                                       "site": ctx.site(site)} if last else None),
+                 "p2p_unrecorded": skipped},
+        **fields,
+    )

@@ -94,7 +94,8 @@ def positions(states: list[RankState], now: float, heartbeat_stale: float) -> di
     for s in states:
         if s.gone:
             out[s.rank] = Position(s.rank, "gone", s.last_call(), None)
-        elif s.proc_state == "T" or (s.alive is not False and s.heartbeat_age(now) > heartbeat_stale):
+        elif s.proc_state == "T" or (s.alive is not False and not s.from_dump  # a dump has no heartbeat
+                                     and s.heartbeat_age(now) > heartbeat_stale):
             out[s.rank] = Position(s.rank, "unresponsive", waiting_call(s, by_rank), s.main_site)
         else:
             call = waiting_call(s, by_rank) or cpp_blocked_call(s, by_rank)

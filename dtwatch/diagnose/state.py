@@ -113,12 +113,21 @@ class RankState:
     step_seqs: list[int] = field(default_factory=list)  # the default group's seq at those steps
     setup: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.record.setup_facts)
     exit_code: int = 0  # the status an exit call gave (sys.exit(n), os._exit(n)); 0 otherwise
+    # Where the state comes from: "" a dtwatch ring; "flight_recorder" torch's own Flight Recorder dump of a job
+    # that ran without dtwatch (dtwatch.diagnose.fr_states): no pid, host, liveness, stack, steps or loaders.
+    origin: str = ""
 
     # -- derived ---------------------------------------------------------------------------------
     @property
     def gone(self) -> bool:
         """The process is known to have ended."""
         return self.alive is False or self.exit_state in ("exited", "exception", "signal")
+
+    @property
+    def from_dump(self) -> bool:
+        """Made from a Flight Recorder dump alone: where the rank is outside collectives, and whether its process
+        still runs, are not known."""
+        return self.origin == "flight_recorder"
 
     @property
     def clean_exit(self) -> bool:

@@ -31,11 +31,13 @@ from dtwatch.diagnose import (
     straggler_warning,
     uneven_loader_warnings,
 )
+from dtwatch.diagnose.fr_states import JobFacts, job_facts, states_from_dumps
 from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
 from dtwatch.report.bundle import read_bundle
 from dtwatch.report.events import warnings_in
+from dtwatch.report.fr_dumps import DumpSet, candidates, dump_facts, in_flight, limits, read_dumps
 from dtwatch.report.text import DAMAGED_INPUT
 from dtwatch.ring import RankSnapshot
 from dtwatch.ring.reader import InputProblem, try_read_ring
@@ -56,6 +58,7 @@ class Analysis:
     live_warnings: int = 0  # how many of ``warnings`` (the first ones) a watchdog issued while the job ran
     problems: list[InputProblem] = field(default_factory=list)  # the damaged inputs (also among ``warnings``)
     unreadable: list[int] = field(default_factory=list)  # ranks a damaged input held that no other input holds
+    dumps: DumpReport | None = None  # torch's Flight Recorder dumps read (a job that ran without dtwatch)
 
     @property
     def stalled(self) -> bool:
@@ -73,10 +76,31 @@ class Analysis:
             "sources": self.sources,
             "damaged_inputs": [p.to_dict() for p in self.problems],
             "unreadable_ranks": self.unreadable,
+            "flight_recorder": self.dumps.to_dict() if self.dumps is not None else None,
         }
 
 
+@dataclass
+class DumpReport:
+    """torch's Flight Recorder dumps that ``analyze`` read, and what they leave unknown."""
+
+    files: dict[int, str]  # rank -> the dump used
+    facts: JobFacts
+    in_flight: dict[int, list[dict]]  # rank -> its entries not completed (fr_dumps.in_flight)
+    limits: list[str]  # what the dumps cannot show, and what would have (fr_dumps.limits)
+    unused: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"files": {str(r): f for r, f in sorted(self.files.items())}, **self.facts.to_dict(),
+                "in_flight": {str(r): v for r, v in sorted(self.in_flight.items())}, "cannot_show": self.limits,
+                "unused_files": self.unused}
+
+
 def rank_summary(s: RankState, now: float) -> dict:
+    if s.from_dump:
+        return {"rank": s.rank, "host": None, "pid": None, "step": None, "state": "unknown (Flight Recorder dump)",
+                "ended": None, "groups": {g.name: {"seq": g.seq, "completed": g.completed} for g in s.groups.values()},
+                "current_op": None, "main_site": None, "stack_top": None, "loaders": None}
     call = s.blocking_call()
     return {
         "rank": s.rank, "host": s.host, "pid": s.pid, "step": s.step, "state": "gone" if s.gone else "running",
@@ -89,22 +113,38 @@ def rank_summary(s: RankState, now: float) -> dict:
     }
 
 
-def _scan(paths: list[str]) -> tuple[list[Path], list[Path], list[Path]]:
+@dataclass
+class Inputs:
+    """The files ``dtwatch analyze`` found under its paths."""
+
+    bundles: list[Path]
+    rings: list[Path]
+    events: list[Path]
+    others: list[Path]  # every other file, outside bundles: Flight Recorder dumps are found among them by content
+
+
+def _scan(paths: list[str]) -> Inputs:
     bundles: list[Path] = []
     rings: list[Path] = []
     events: list[Path] = []
+    others: list[Path] = []
     for p in paths:
         root = Path(p)
-        if root.is_file() and root.suffix == ".ring":
-            rings.append(root)
+        if root.is_file():
+            (rings if root.suffix == RING_SUFFIX else events if is_events_file(root.name) else others).append(root)
             continue
+        inside: list[Path] = []
         for dirpath, _dirs, files in os.walk(root):
             d = Path(dirpath)
             if BUNDLE_INDEX in files and BUNDLE_FINDINGS in files:
                 bundles.append(d)
+                inside.append(d)
             rings.extend(d / f for f in files if f.endswith(RING_SUFFIX))
             events.extend(d / f for f in files if is_events_file(f))
-    return sorted(set(bundles)), sorted(set(rings)), sorted(set(events))
+            if not any(d == b or b in d.parents for b in inside):  # a bundle's fr/ copies are its own evidence
+                others.extend(d / f for f in files if not f.endswith(RING_SUFFIX) and not is_events_file(f)
+                              and f not in (BUNDLE_INDEX, BUNDLE_FINDINGS))
+    return Inputs(sorted(set(bundles)), sorted(set(rings)), sorted(set(events)), sorted(set(others)))
 
 
 def live_warnings(event_files: list[Path]) -> list[Finding]:
@@ -113,7 +153,8 @@ def live_warnings(event_files: list[Path]) -> list[Finding]:
 
 
 def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
-    bundle_dirs, ring_paths, event_files = _scan(paths)
+    inputs = _scan(paths)
+    bundle_dirs, ring_paths, event_files = inputs.bundles, inputs.rings, inputs.events
     states: dict[int, RankState] = {}
     findings: dict[tuple, Finding] = {}
     verdicts: set[str] = set()
@@ -150,6 +191,13 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
             ring_states[s.rank] = s
     for rank, s in ring_states.items():
         states.setdefault(rank, s)
+    dump_set = read_dumps(candidates(inputs.others))
+    problems.extend(dump_set.problems)
+    dumps = _dump_report(dump_set, states)
+    if dumps is not None:
+        dump_states, _ = states_from_dumps(dump_set.dumps)
+        for s in dump_states:
+            states.setdefault(s.rank, s)  # a dtwatch ring or bundle of the same rank knows more
     ordered = sorted(states.values(), key=lambda s: s.rank)
     unreadable = sorted({r for p in problems if not p.read for r in p.ranks} - set(states))
     if not now:
@@ -162,14 +210,16 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         def ending(rank: int) -> dict | None:
             return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
 
-        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending, unreadable=set(unreadable)),
+        facts = {d.rank: dump_facts(d) for d in dump_set.dumps}
+        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending, unreadable=set(unreadable),
+                                                                      dump_facts=facts),
                                    heartbeat_stale=float("inf"),
                                    assume_stalled=window == 0.0).findings
     result_findings = [_unreadable_noted(f, unreadable) for f in result_findings]
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}
     computed = uneven_loader_warnings(ordered, now) + setup_warnings(ordered, now)
-    strag = straggler_warning(entry_lags(ordered), now)
+    strag = straggler_warning(entry_lags([s for s in ordered if not s.from_dump]), now)
     if strag is not None:
         computed.append(strag)
     checked = {f.details.get("check") for f in live if f.details.get("check")}  # setup checks: once per run
@@ -179,8 +229,19 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
     return Analysis(
         result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
-        verdict=verdict, live_warnings=len(live), problems=problems, unreadable=unreadable,
+        verdict=verdict, live_warnings=len(live), problems=problems, unreadable=unreadable, dumps=dumps,
     )
+
+
+def _dump_report(dump_set: DumpSet, states: dict[int, RankState]) -> DumpReport | None:
+    """The dumps read, with the job's facts, unless there are none (or rings and bundles hold every rank)."""
+    used = [d for d in dump_set.dumps if d.rank not in states]
+    if not used:
+        return None
+    facts = job_facts(dump_set.dumps)
+    no_dump = [r for r in facts.no_dump if r not in states]
+    return DumpReport({d.rank: d.path for d in used}, facts, {d.rank: in_flight(d) for d in used},
+                      limits(used, no_dump, facts.world_known), dump_set.unused)
 
 
 def inconsistent_rings(snaps: list[RankSnapshot]) -> tuple[list[RankSnapshot], list[InputProblem]]:

@@ -13,9 +13,11 @@ it held that no other input holds. These warnings get their own section, first, 
 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
-                warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0) -> str:
+                warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0,
+                dumps: dict | None = None) -> str:
     """``verdict``: what the incident was called ("crash" / "stall"; default stall); ``live_warnings``: how many
-    of ``warnings`` (the first ones) the watchdog issued while the job ran; ``damaged_input`` warnings come last."""
+    of ``warnings`` (the first ones) the watchdog issued while the job ran; ``damaged_input`` warnings come last;
+    ``dumps``: the torch Flight Recorder dumps read (``DumpReport.to_dict()`` of :mod:`dtwatch.report.analyze`)."""
     out: list[str] = []
     stalls = [f for f in findings if f.severity == "stall"]
     damaged = [f for f in warnings or [] if f.kind == DAMAGED_INPUT]
@@ -23,8 +25,14 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
     unread = sorted({r for f in damaged for r in f.ranks} - {s.rank for s in states})
     warns = [f for f in findings if f.severity != "stall"] + warnings
     job = states[0].job_id if states else "?"
-    out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen"
-               + (f", {fmt_ranks(unread)} could not be read" if unread else ""))
+    no_dump = [r for r in (dumps or {}).get("no_dump", []) if r not in unread]
+    if states and all(s.from_dump for s in states):
+        out.append(f"dtwatch report from torch's Flight Recorder dumps (a job run without dtwatch) — {len(states)} "
+                   "rank(s) dumped" + (f", {fmt_ranks(no_dump)} left no dump" if no_dump else "")
+                   + (f", {fmt_ranks(unread)} could not be read" if unread else ""))
+    else:
+        out.append(f"dtwatch report for job {job} — {len(states)} rank(s) seen"
+                   + (f", {fmt_ranks(unread)} could not be read" if unread else ""))
     out.append("")
     if damaged:
         out.append("DAMAGED INPUT")
@@ -41,7 +49,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
                 out.append(f"      under the rank test: {fmt_site(branch)}")
             if f.waiting_site and f.waiting_ranks:
                 out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
-            if f.onset:
+            if f.onset and not all(s.from_dump for s in states):  # a dump's file time is not the hang's
                 out.append(f"      no progress since {now - f.onset:.1f}s before detection")
         if unread:
             out.append(f"  (the diagnosis is of the ranks read: {fmt_ranks(unread)} could not be read)")
@@ -66,7 +74,12 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
     out.append("RANKS")
     if unread:
         out.append(f"  {fmt_ranks(unread)}: could not be read (see DAMAGED INPUT)")
+    if no_dump:
+        out.append(f"  {fmt_ranks(no_dump)}: no Flight Recorder dump")
     for s in sorted(states, key=lambda s: s.rank):
+        if s.from_dump:
+            out.extend(_dumped_rank(s, dumps or {}))
+            continue
         status = "running" if not s.gone else s.how_it_ended()
         if s.alive and s.heartbeat_age(now) > 5:
             status += f", heartbeat {s.heartbeat_age(now):.0f}s old"
@@ -86,6 +99,10 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
             if ld.get("site"):
                 where = f"{ld['site']['file']}:{ld['site']['line']}"
                 out.append(f"      DataLoader at {where}: len {ld['length']}, epoch {ld['epochs']}")
+    if dumps and dumps.get("cannot_show"):
+        out.append("")
+        out.append("WHAT THE DUMPS CANNOT SHOW")
+        out.extend(f"  {line}" for line in dumps["cannot_show"])
     if bundle_dir:
         out.append("")
         out.append("EVIDENCE")
@@ -94,3 +111,19 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         out.append(f"  {bundle_dir}/rings/    the ranks' dtwatch rings (dtwatch analyze reads them)")
         out.append(f"  {bundle_dir}/timeline.svg  per-rank sequence progress")
     return "\n".join(out) + "\n"
+
+
+def _dumped_rank(s: RankState, dumps: dict) -> list[str]:
+    """A rank known from its Flight Recorder dump: its groups' numbers and the entries not completed, with torch's
+    own state of each (``scheduled``: enqueued; ``started``: running)."""
+    out = [f"  rank {s.rank} (Flight Recorder dump {dumps.get('files', {}).get(str(s.rank), '?')}): "
+           "process state not in the dump"]
+    for g in s.groups.values():
+        out.append(f"      group {g.name}: issued seq {g.seq}, completed {g.completed}")
+    for e in dumps.get("in_flight", {}).get(str(s.rank), []):
+        sizes = e.get("input_sizes") or []
+        what = f"{(e.get('input_dtypes') or ['?'])[0]} {sizes[0]}" if sizes else "no tensor"
+        peer = f", peer {e['peer']}" if e.get("peer") is not None else ""
+        out.append(f"      in flight: {e['op']} (group {e['group']}, seq {e['seq']}{peer}, {what}) from "
+                   f"{fmt_site(with_source(e.get('site')))}, torch's state {e.get('state')!r}, not completed")
+    return out
