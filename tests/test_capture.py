@@ -46,7 +46,9 @@ def test_bundle_fixture_round_trips_with_sanitised_paths(hang, tmp_path):
     assert {s["ring_path"] for s in data["states"]} == {"rank-00000.ring", "rank-00001.ring"}
 
     # Compact and deterministic.
-    assert size < 60_000, size  # a 2-rank bundle; 4-rank fixtures stay under about 60 KB
+    # A 2-rank bundle. Each group keeps up to 256 (seq, time) pairs, and the recorded calls' entries time the
+    # sequence numbers too, so a bundle carries them even while the sequence clock is quiet.
+    assert size < 80_000, size
     assert dumps_fixture(capture(bundle, name="rank_conditional", relative_to=str(REPO),
                                  truth={"kind": "rank_conditional"})) == text
 
