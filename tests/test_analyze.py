@@ -126,7 +126,7 @@ def test_a_directory_without_rings_is_a_usage_error(tmp_path):
     (empty / "notes.txt").write_text("not a ring\n")
     proc = dtwatch_cli("analyze", str(empty), "--json")
     assert proc.returncode == 2
-    assert "no rings or bundles found" in proc.stderr
+    assert "no rings, bundles or Flight Recorder dumps found" in proc.stderr
     assert proc.stdout == ""
     missing = dtwatch_cli("analyze", str(tmp_path / "does-not-exist"))
     assert missing.returncode == 2 and "no such path" in missing.stderr

@@ -36,6 +36,7 @@ from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 from dtwatch.ring.layout import MAX_SEQ_SPAN
 
 HISTORY = 192  # newest sequence numbers of a group turned into tokens (C++-issued numbers have no record)
+# (where every number from the group's first has a record, all of them: see stream)
 WINDOW = 160  # tokens aligned after the first number where the streams differ (bounds the O(n^2) table)
 # Costs: an identical call; the same op and shape from a line that stands in for the other's repeatedly; the
 # same from a pair of lines seen once; a call on one side only.
@@ -117,7 +118,10 @@ def stream(s: RankState, group: str, op_family: Callable[[str], str] = str) -> l
     if not covered and not g.complete:
         return []
     top = max(g.seq, max(covered, default=0))
-    start = max(1 if g.complete else min(covered), top - HISTORY + 1)
+    # Every number from the first is a recorded call (a Flight Recorder dump holds every collective): all of them,
+    # so the streams stay anchored at the group's first call however long the history (no token is made up).
+    every = g.complete and len(covered) >= top
+    start = 1 if every else max(1 if g.complete else min(covered), top - HISTORY + 1)
     out: list[Token] = []
     q = start
     while q <= top:

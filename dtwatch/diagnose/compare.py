@@ -366,8 +366,9 @@ def desync(ctx: Context, group: str, seq: int, sides: list[list[Position]], wait
     by_line: dict[tuple, list[list[Position]]] = defaultdict(list)
     for side in python:
         call = side[0].issued
-        keys = [call.site_key, site_key(ctx.user_site(side[0].rank, call))]
-        by_line[tuple(sorted(k for k in keys if k))].append(side)
+        line = tuple(sorted(k for k in (call.site_key, site_key(ctx.user_site(side[0].rank, call))) if k))
+        if line:  # no line known (a dump without frames): nothing says the sides share one
+            by_line[line].append(side)
     for line_sides in by_line.values():
         if len(line_sides) > 1:
             return mismatch(ctx, group, seq, line_sides, waiting)

@@ -33,7 +33,7 @@ and the diagnosis words its findings for such ranks accordingly.
 """
 from __future__ import annotations
 
-import ast
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -114,6 +114,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+@functools.lru_cache(maxsize=1024)
 def split_name(profiling_name: str) -> tuple[str, str, int]:
     """(backend, op, peer) of a profiling name: ``gloo:all_reduce`` -> (gloo, all_reduce, -1);
     ``nccl:send 0->1`` -> (nccl, send, 1); ``nccl:recv 1<-0`` -> (nccl, recv, 0)."""
@@ -140,16 +141,31 @@ def fingerprint(op: str, entry: dict) -> str:
     return f"{op}[{_DTYPES.get(dtype, dtype.lower())}:{shape}]"
 
 
+_RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?,?\s*\]")
+
+
 def parse_ranks(value: Any) -> list[int] | None:
     """A pg_config ``ranks`` field (a list, or its text ``"[0, 1]"``) as a list; None if it is neither."""
     if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value.strip() or "[]")
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return None
+        return list(_parse_rank_text(value.strip() or "[]")) if _RANK_LIST.fullmatch(value.strip() or "[]") else None
     if isinstance(value, (list, tuple)) and all(_is_int(r) and r >= 0 for r in value):
         return [int(r) for r in value]
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_rank_text(text: str) -> tuple[int, ...]:
+    """``"[0, 1, 2]"`` (checked by the caller) as (0, 1, 2); every rank's dump repeats the same text: parsed once."""
+    return tuple(int(x) for x in text.strip("[] ").split(",") if x.strip())
+
+
+def listed_ranks(doc: dict) -> set[int]:
+    """Every rank any group config of a dump lists (gloo's unnamed one included): ranks of the job."""
+    out: set[int] = set()
+    for cfg in (doc.get("pg_config") or {}).values():
+        if isinstance(cfg, dict):
+            out.update(parse_ranks(cfg.get("ranks")) or [])
+    return out
 
 
 def configured_groups(doc: dict) -> dict[str, list[int]]:
@@ -179,7 +195,7 @@ class JobFacts:
     """What the dumps of one job say about it as a whole (see :func:`job_facts`)."""
 
     world_size: int
-    world_known: bool  # a group config states the world; False: only the highest rank dumped bounds it
+    world_known: bool  # a named group config states the world; False: the highest rank dumped or listed bounds it
     members: dict[str, list[int]]  # group -> member ranks
     members_inferred: list[str] = field(default_factory=list)  # groups whose members only the entries tell
     dumped: list[int] = field(default_factory=list)
@@ -207,7 +223,8 @@ def job_facts(dumps: Iterable[Dump]) -> JobFacts:
             if is_default(name, desc):
                 default.add(name)
     world_cfg = max((len(r) for n, r in configured.items() if n in default or n == "0"), default=0)
-    world = max([world_cfg, max(dumped, default=-1) + 1] + [max(r) + 1 for r in configured.values()])
+    listed = set().union(*(listed_ranks(d.doc) for d in dumps)) if dumps else set()
+    world = max(world_cfg, max(dumped, default=-1) + 1, max(listed, default=-1) + 1)
     members, inferred = {}, []
     for name in sorted(set(users) | set(configured)):
         if name in configured:
@@ -224,21 +241,39 @@ def p2p_gaps(entries: list[dict]) -> dict[str, int]:
     """Per group, how many op numbers a gloo dump skips: point-to-point ops its recorder does not log (NCCL's
     log them, and then none is skipped)."""
     out: dict[str, int] = {}
-    by_group: dict[str, list[int]] = {}
+    by_group: dict[str, list[tuple[int, int]]] = {}
     for e in entries:
         if _is_int(e.get("op_id")) and not e.get("is_p2p"):
-            by_group.setdefault(_group(e)[0], []).append(int(e["op_id"]))
-    for name, ids in by_group.items():
-        ids = sorted(set(ids))
-        skipped = sum(b - a - 1 for a, b in zip(ids, ids[1:], strict=False) if b > a + 1)
+            by_group.setdefault(_group(e)[0], []).append((int(e["collective_seq_id"]), int(e["op_id"])))
+    for name, pairs in by_group.items():
+        pairs = sorted(set(pairs))
+        # Before the first entry too, where it is the group's first collective (the buffer has not wrapped).
+        skipped = pairs[0][1] - 1 if pairs[0][0] == 1 else 0
+        skipped += sum(max(0, (b - a) - (q - p)) for (p, a), (q, b) in zip(pairs, pairs[1:], strict=False))
         if skipped:
             out[name] = skipped
     return out
 
 
+def _sites(frames: list) -> tuple[dict | None, dict | None]:
+    """:func:`~dtwatch.diagnose.flight.frame_sites` of an entry's frames, once per distinct stack (every rank's
+    dump repeats the same few); copies, so that no two calls share a dict."""
+    try:
+        site, user = _sites_of(tuple(tuple(f.items()) for f in frames))
+    except (TypeError, AttributeError):  # a value that cannot be a key (a crafted dump): no cache
+        site, user = frame_sites([f for f in frames if isinstance(f, dict)])
+    site = dict(site) if site is not None else None
+    return site, (site if user == site else dict(user) if user is not None else None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sites_of(key: tuple) -> tuple[dict | None, dict | None]:
+    return frame_sites([dict(items) for items in key])
+
+
 def _call(e: dict, name: str) -> Call:
     _, op, peer = split_name(str(e["profiling_name"]))
-    site, user = frame_sites(list(e.get("frames") or []))
+    site, user = _sites(list(e.get("frames") or []))
     t = (e.get("time_created_ns") or 0) / 1e9
     done = completed(e)
     t_done = (e.get("time_discovered_completed_ns") or 0) / 1e9
@@ -302,5 +337,5 @@ def states_from_dumps(dumps: Iterable[Dump]) -> tuple[list[RankState], JobFacts]
 
 
 __all__ = ["COMPLETED", "Dump", "FLIGHT_RECORDER", "JobFacts", "P2P_GROUP_SUFFIX", "UNKNOWN", "completed",
-           "configured_groups", "dump_problem", "fingerprint", "job_facts", "p2p_gaps", "parse_ranks", "rank_state",
-           "split_name", "states_from_dumps"]
+           "configured_groups", "dump_problem", "fingerprint", "job_facts", "listed_ranks", "p2p_gaps", "parse_ranks",
+           "rank_state", "split_name", "states_from_dumps"]

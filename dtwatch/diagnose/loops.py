@@ -50,6 +50,8 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
             return None  # it returned from the function, not just the loop: the rank exited (see exited())
     if loader is None and not fewer and loop_fact is None:
         return None
+    if loop_fact and side and inside and any(ctx.by_rank[p.rank].from_dump for p in side + inside):
+        return past_the_loop_in_dumps(ctx, loop_fact, side, inside, waiting)
     culprits = sorted(set(loader["short_ranks"]) & set(short)) if loader else sorted(short)
     s0 = ctx.by_rank[culprits[0]]
     call = side[0].call if side else ctx.last_call(culprits[0])
@@ -102,6 +104,60 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
                  "conditional_line": branch},
         **fields,
     )
+
+
+def past_the_loop_in_dumps(ctx: Context, loop_fact: dict, side: list[Position], inside: list[Position],
+                           waiting: list[int]) -> Finding:
+    """Ranks known from Flight Recorder dumps alone, some past a loop the others are inside, at the same number. A
+    dump has no step counts: that the past side ran fewer iterations, or that the other side made a call inside the
+    loop that it did not, both fit. What each side issued at the inside line is counted where the dumps go back to
+    the group's first call; the minority deviates."""
+    past, within = sorted(p.rank for p in side), sorted(p.rank for p in inside)
+    call, in_call = side[0].issued, inside[0].issued
+    in_site = ctx.user_site(inside[0].rank, in_call)
+    parts = [f"{fmt_ranks(past)} {verb(past, 'is', 'are')} past the loop at {ctx.fmt(loop_fact['loop_site'])}, "
+             f"in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}, while {fmt_ranks(within)} "
+             f"{verb(within, 'is', 'are')} still inside it, in {describe(in_call)} at {ctx.fmt(in_site)}"]
+    counts = _calls_at_line(ctx, past + within, in_call.group, in_site)
+    if counts is not None:
+        by_count: dict[int, list[int]] = {}
+        for r, n in counts.items():
+            by_count.setdefault(n, []).append(r)
+        times = ", ".join(f"{n} time{'s' if n != 1 else ''} by {fmt_ranks(rs)}" for n, rs in sorted(by_count.items()))
+        parts.append(f"the call at line {in_site['line'] if in_site else '?'} was issued {times}")
+    parts.append(f"a dump holds no step counts, so whether the loop ran fewer times on {fmt_ranks(past)} or "
+                 f"{fmt_ranks(within)} made a call in it that the others did not is not known")
+    if len(past) == len(within):
+        culprits = sorted(past + within)
+        parts.append("the two sides are the same size, so which deviates is not known")
+    else:
+        culprits = past if len(past) < len(within) else within
+        parts.append(f"{fmt_ranks(culprits)}, the minority, {verb(culprits, 'deviates', 'deviate')}")
+    fields, _ = ctx.waiting(r for r in waiting if r not in culprits)
+    mine = side[0] if culprits == past else inside[0]
+    return Finding(
+        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=sentence(*parts), op=mine.issued.op,
+        group=mine.issued.group, seq=mine.issued.seq, site=ctx.site(loop_fact["loop_site"]),
+        details={"from_dump": True, "past_the_loop": past, "inside_the_loop": within, "calls_at_line": counts,
+                 "post_loop_site": ctx.site(ctx.user_site(side[0].rank, call)), "inside_site": ctx.site(in_site),
+                 "loop": {"file": loop_fact["loop_site"]["file"], "line": loop_fact["loop"].start,
+                          "exits": [list(e) for e in loop_fact["loop"].exits]}},
+        **fields,
+    )
+
+
+def _calls_at_line(ctx: Context, ranks: list[int], group: str, site: dict | None) -> dict[int, int] | None:
+    """How many calls of ``group`` each rank issued at ``site``'s line, where every rank's record of the group
+    goes back to its first call; None otherwise."""
+    if not site:
+        return None
+    out = {}
+    for r in ranks:
+        g = ctx.by_rank[r].groups.get(group)
+        if g is None or not g.complete:
+            return None
+        out[r] = sum(1 for c in g.recent if c.user_site_key == (site.get("file"), site.get("line")))
+    return out
 
 
 def early_exit_loop(ctx: Context, ranks: list[int]) -> dict | None:

@@ -31,10 +31,10 @@ from dtwatch.diagnose import (
     straggler_warning,
     uneven_loader_warnings,
 )
-from dtwatch.diagnose.fr_states import JobFacts, job_facts, states_from_dumps
+from dtwatch.diagnose.fr_states import JobFacts, states_from_dumps
 from dtwatch.diagnose.setup import setup_warnings
 from dtwatch.diagnose.state import RankState, from_snapshot
-from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, RING_SUFFIX, is_events_file
+from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, FLIGHT_RECORDS, RING_SUFFIX, is_events_file
 from dtwatch.report.bundle import read_bundle
 from dtwatch.report.events import warnings_in
 from dtwatch.report.fr_dumps import DumpSet, candidates, dump_facts, in_flight, limits, read_dumps
@@ -88,10 +88,12 @@ class DumpReport:
     facts: JobFacts
     in_flight: dict[int, list[dict]]  # rank -> its entries not completed (fr_dumps.in_flight)
     limits: list[str]  # what the dumps cannot show, and what would have (fr_dumps.limits)
+    no_dump: list[int] = field(default_factory=list)  # ranks of the job no file holds (a damaged one is not this)
     unused: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"files": {str(r): f for r, f in sorted(self.files.items())}, **self.facts.to_dict(),
+                "no_dump": self.no_dump,
                 "in_flight": {str(r): v for r, v in sorted(self.in_flight.items())}, "cannot_show": self.limits,
                 "unused_files": self.unused}
 
@@ -133,17 +135,19 @@ def _scan(paths: list[str]) -> Inputs:
         if root.is_file():
             (rings if root.suffix == RING_SUFFIX else events if is_events_file(root.name) else others).append(root)
             continue
-        inside: list[Path] = []
+        own: list[Path] = []  # bundles, and run directories' fr/: their dumps are evidence of ranks rings hold
         for dirpath, _dirs, files in os.walk(root):
             d = Path(dirpath)
             if BUNDLE_INDEX in files and BUNDLE_FINDINGS in files:
                 bundles.append(d)
-                inside.append(d)
-            rings.extend(d / f for f in files if f.endswith(RING_SUFFIX))
+                own.append(d)
+            here = [d / f for f in files if f.endswith(RING_SUFFIX)]
+            if here:
+                own.append(d / FLIGHT_RECORDS)
+            rings.extend(here)
             events.extend(d / f for f in files if is_events_file(f))
-            if not any(d == b or b in d.parents for b in inside):  # a bundle's fr/ copies are its own evidence
-                others.extend(d / f for f in files if not f.endswith(RING_SUFFIX) and not is_events_file(f)
-                              and f not in (BUNDLE_INDEX, BUNDLE_FINDINGS))
+            if not any(d == o or o in d.parents for o in own):
+                others.extend(d / f for f in files if not f.endswith(RING_SUFFIX) and not is_events_file(f))
     return Inputs(sorted(set(bundles)), sorted(set(rings)), sorted(set(events)), sorted(set(others)))
 
 
@@ -193,9 +197,10 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
         states.setdefault(rank, s)
     dump_set = read_dumps(candidates(inputs.others))
     problems.extend(dump_set.problems)
-    dumps = _dump_report(dump_set, states)
-    if dumps is not None:
-        dump_states, _ = states_from_dumps(dump_set.dumps)
+    dumps = None
+    if any(d.rank not in states for d in dump_set.dumps):
+        dump_states, job = states_from_dumps(dump_set.dumps)
+        dumps = _dump_report(dump_set, job, states)
         for s in dump_states:
             states.setdefault(s.rank, s)  # a dtwatch ring or bundle of the same rank knows more
     ordered = sorted(states.values(), key=lambda s: s.rank)
@@ -233,15 +238,13 @@ def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
     )
 
 
-def _dump_report(dump_set: DumpSet, states: dict[int, RankState]) -> DumpReport | None:
-    """The dumps read, with the job's facts, unless there are none (or rings and bundles hold every rank)."""
+def _dump_report(dump_set: DumpSet, facts: JobFacts, states: dict[int, RankState]) -> DumpReport:
+    """The dumps of ranks no ring or bundle holds, with the job's facts and what they cannot show."""
     used = [d for d in dump_set.dumps if d.rank not in states]
-    if not used:
-        return None
-    facts = job_facts(dump_set.dumps)
-    no_dump = [r for r in facts.no_dump if r not in states]
+    damaged = {r for p in dump_set.problems for r in p.ranks}
+    no_dump = [r for r in facts.no_dump if r not in states and r not in damaged]
     return DumpReport({d.rank: d.path for d in used}, facts, {d.rank: in_flight(d) for d in used},
-                      limits(used, no_dump, facts.world_known), dump_set.unused)
+                      limits(used, no_dump, facts.world_known), no_dump, dump_set.unused)
 
 
 def inconsistent_rings(snaps: list[RankSnapshot]) -> tuple[list[RankSnapshot], list[InputProblem]]:

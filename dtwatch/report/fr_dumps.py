@@ -50,9 +50,13 @@ def dump_kind(head: bytes, name: str) -> str | None:
     return None
 
 
+_OWN = re.compile(r"rank-(\d+)\.\d+\.pkl$")  # dtwatch's own copies: rank-00003.<request>.pkl
+
+
 def rank_of(path: str | os.PathLike) -> int | None:
     """The rank a dump's file name ends in (``nccl_trace_rank_12`` -> 12; ``rank_3.json`` -> 3)."""
-    m = _RANK.search(os.path.basename(str(path)))
+    name = os.path.basename(str(path))
+    m = _OWN.search(name) or _RANK.search(name)
     return int(m.group(1)) if m else None
 
 

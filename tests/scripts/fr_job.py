@@ -17,9 +17,10 @@ Run under torchrun (or any launcher that sets RANK/WORLD_SIZE/MASTER_*) with the
 Each rank dumps its own recorder ``FR_DUMP_AFTER`` seconds after start (the others' timeout, in effect) to
 ``$FR_DUMP_DIR/<FR_PREFIX><rank>``: through torch's own writer where it has one (``_dump_fr_trace_file``:
 ``TORCH_FR_DUMP_TEMP_FILE`` + rank), else the bytes of ``_dump_fr_trace()`` (``FR_FORMAT=json``: those of
-``_dump_fr_trace_json()``). A rank whose collective fails on a lost peer dumps at once, as torch does when its
-watchdog sees a timeout (launch with a monitor interval of a few seconds, so that the launcher's teardown
-comes after). Every rank that can exits once all dumps are in (or a deadline passes).
+``_dump_fr_trace_json()``; ``FR_STACKS=0``: without the entries' Python frames). A rank whose collective
+fails on a lost peer dumps at once, as torch does when its watchdog sees a timeout (launch with a monitor
+interval of a few seconds, so that the launcher's teardown comes after). Every rank that can exits once all
+dumps are in (or a deadline passes).
 """
 import os
 import sys
@@ -80,14 +81,15 @@ def dump(rank: int, world: int, out: str, prefix: str) -> None:
     """Write this rank's Flight Recorder dump as torch would, atomically."""
     c10d = torch._C._distributed_c10d
     final = os.path.join(out, f"{prefix}{rank}")
+    stacks = os.environ.get("FR_STACKS", "1") != "0"  # 0: no Python frames (no paths of this machine in them)
     if os.environ.get("FR_FORMAT") == "json":
         data = c10d._dump_fr_trace_json()
     elif hasattr(c10d, "_dump_fr_trace_file") and os.environ.get("TORCH_FR_DUMP_TEMP_FILE") == os.path.join(out,
                                                                                                         prefix):
-        c10d._dump_fr_trace_file(rank)  # torch's own writer: <TORCH_FR_DUMP_TEMP_FILE><rank>
+        c10d._dump_fr_trace_file(rank, includeStackTraces=stacks)  # torch's own writer: <TORCH_FR_DUMP_TEMP_FILE><rank>
         return
     else:
-        data = c10d._dump_fr_trace()
+        data = c10d._dump_fr_trace(includeStackTraces=stacks)
     tmp = os.path.join(out, f".{prefix}{rank}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
