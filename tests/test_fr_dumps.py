@@ -257,6 +257,7 @@ def test_profiling_names_split_into_backend_op_and_peer():
 def test_pg_config_ranks_parse_as_text_or_list_never_by_eval():
     assert parse_ranks("[0, 1, 2]") == [0, 1, 2] and parse_ranks([3, 1]) == [3, 1] and parse_ranks("") == []
     assert parse_ranks("__import__('os').system('true')") is None and parse_ranks("[-1]") is None
+    assert parse_ranks("[0, 1099511627775]") is None  # a garbled rank: never a world of 2**40 ranks to list
 
 
 def test_nccl_style_dumps_use_named_groups_states_and_p2p_entries():
@@ -293,3 +294,18 @@ def test_nccl_style_dumps_use_named_groups_states_and_p2p_entries():
 ])
 def test_what_is_not_a_dump_is_said(doc, why):
     assert why in (dump_problem(doc) or "")
+
+
+def test_garbled_entries_are_refused_by_the_check_or_read_without_raising():
+    """Every field of a real entry replaced by values of other types: either the check names the dump, or the
+    states are made and diagnosed without an exception (a damaged dump never stops the analysis)."""
+    fx = load(fixture_names("rank_conditional")[0])
+    odd = [None, "x", -1, 2**70, 1.5, [], {}, [["a"]], [[1, "b"]], True, [{"filename": 3}]]
+    for key in sorted({k for e in fx["dumps"]["0"]["entries"] for k in e}):
+        for value in odd:
+            bad = copy.deepcopy(fx)
+            bad["dumps"]["0"]["entries"][-1][key] = value
+            if dump_problem(bad["dumps"]["0"]) is not None:
+                continue
+            result, states, _ = run(bad)  # must not raise
+            assert states[0].rank == 0 and isinstance(result.findings, list), (key, value)

@@ -47,6 +47,8 @@ UNKNOWN = "unknown"  # RankState.exit_state when nothing says whether or how the
 P2P_GROUP_SUFFIX = ":p2p"  # NCCL's point-to-point entries are kept apart from the group's collectives
 COMPLETED = "completed"
 REQUIRED = ("process_group", "collective_seq_id", "profiling_name")
+MAX_NUMBER = 2**40  # a counter past this is garbled (as the ring reader bounds sequence numbers)
+MAX_RANKS = 2**20  # a rank past this is garbled (the ranks without a dump are listed one by one)
 _P2P = re.compile(r"^(?P<op>send|recv)\s+(?P<a>\d+)\s*(?:->|<-)\s*(?P<b>\d+)$")
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
@@ -97,13 +99,27 @@ def dump_problem(doc: Any) -> str | None:
         pg = e["process_group"]
         if not isinstance(pg, (list, tuple)) or not pg or not isinstance(pg[0], str):
             return f"entry {i}'s process_group is not (name, description)"
-        if not _is_int(e["collective_seq_id"]) or not isinstance(e["profiling_name"], str):
-            return f"entry {i}'s collective_seq_id or profiling_name is of the wrong type"
-        for key in ("op_id", "p2p_seq_id", "time_created_ns"):
-            if e.get(key) is not None and not _is_int(e[key]):
-                return f"entry {i}'s {key} is not an integer"
-        if not isinstance(e.get("frames") or [], list) or not isinstance(e.get("input_sizes") or [], list):
+        if not isinstance(e["profiling_name"], str) or not all(isinstance(x, str) for x in pg):
+            return f"entry {i}'s profiling_name or process_group is not text"
+        for key in ("collective_seq_id", "op_id", "p2p_seq_id"):
+            if (key == "collective_seq_id" or e.get(key) is not None) and not (
+                    _is_int(e[key]) and 0 <= e[key] < MAX_NUMBER):
+                return f"entry {i}'s {key} is not a number from 0 to 2**40"
+        for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+            if e.get(key) is not None and not (_is_int(e[key]) and e[key] >= 0):
+                return f"entry {i}'s {key} is not a time in nanoseconds"
+        dtypes = e.get("input_dtypes") or []
+        if not isinstance(e.get("state") or "", str) or not isinstance(dtypes, list) or \
+                not all(isinstance(d, str) for d in dtypes):
+            return f"entry {i}'s state or input_dtypes are not text"
+        frames, sizes = e.get("frames") or [], e.get("input_sizes") or []
+        if not isinstance(frames, list) or not isinstance(sizes, list):
             return f"entry {i}'s frames or input_sizes are not lists"
+        if not all(isinstance(f, dict) and isinstance(f.get("filename", ""), str) and
+                   (f.get("line") is None or _is_int(f["line"])) for f in frames):
+            return f"entry {i} has a frame that is not a file name and a line number"
+        if not all(isinstance(d, list) and all(_is_int(x) for x in d) for d in sizes):
+            return f"entry {i}'s input_sizes are not lists of integers"
     for key in ("pg_config", "pg_status"):
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             return f"its {key} is a {type(doc[key]).__name__}, not a dict"
@@ -147,8 +163,9 @@ _RANK_LIST = re.compile(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?,?\s*\]")
 def parse_ranks(value: Any) -> list[int] | None:
     """A pg_config ``ranks`` field (a list, or its text ``"[0, 1]"``) as a list; None if it is neither."""
     if isinstance(value, str):
-        return list(_parse_rank_text(value.strip() or "[]")) if _RANK_LIST.fullmatch(value.strip() or "[]") else None
-    if isinstance(value, (list, tuple)) and all(_is_int(r) and r >= 0 for r in value):
+        text = value.strip() or "[]"
+        value = list(_parse_rank_text(text)) if _RANK_LIST.fullmatch(text) else None
+    if isinstance(value, (list, tuple)) and all(_is_int(r) and 0 <= r < MAX_RANKS for r in value):
         return [int(r) for r in value]
     return None
 
@@ -336,6 +353,6 @@ def states_from_dumps(dumps: Iterable[Dump]) -> tuple[list[RankState], JobFacts]
     return [rank_state(d, facts) for d in sorted(dumps, key=lambda d: d.rank)], facts
 
 
-__all__ = ["COMPLETED", "Dump", "FLIGHT_RECORDER", "JobFacts", "P2P_GROUP_SUFFIX", "UNKNOWN", "completed",
+__all__ = ["COMPLETED", "Dump", "FLIGHT_RECORDER", "JobFacts", "MAX_RANKS", "P2P_GROUP_SUFFIX", "UNKNOWN", "completed",
            "configured_groups", "dump_problem", "fingerprint", "job_facts", "listed_ranks", "p2p_gaps", "parse_ranks",
            "rank_state", "split_name", "states_from_dumps"]

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtwatch.diagnose.fr_states import Dump, completed, dump_problem, p2p_gaps, split_name
+from dtwatch.diagnose.fr_states import MAX_RANKS, Dump, completed, dump_problem, p2p_gaps, split_name
 from dtwatch.diagnose.text import fmt_ranks
 from dtwatch.report.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.ring.reader import IO_ERROR, InputProblem
@@ -99,7 +99,7 @@ def parse_dump(data: bytes, path: str, kind: str) -> Dump:
     wrong = dump_problem(doc)
     if wrong is not None:
         raise DumpFileError(InputProblem(path, NOT_A_DUMP, wrong, ranks))
-    if rank is None:
+    if rank is None or rank >= MAX_RANKS:
         raise DumpFileError(InputProblem(path, NO_RANK, "a Flight Recorder dump whose file name ends in no rank "
                                          "number (torch names them <prefix><rank>), so whose it is is not known"))
     return Dump(rank, doc, path, fmt=kind)
