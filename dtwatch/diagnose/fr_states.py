@@ -127,7 +127,7 @@ def dump_problem(doc: Any) -> str | None:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int  # not a bool (a subclass of int), nor anything else
 
 
 @functools.lru_cache(maxsize=1024)

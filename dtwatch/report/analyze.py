@@ -37,7 +37,7 @@ from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, FLIGHT_RECORDS, RING_SUFFIX, is_events_file
 from dtwatch.report.bundle import read_bundle
 from dtwatch.report.events import warnings_in
-from dtwatch.report.fr_dumps import DumpSet, candidates, dump_facts, in_flight, limits, read_dumps
+from dtwatch.report.fr_dumps import DumpSet, candidates, collector_paused, dump_facts, in_flight, limits, read_dumps
 from dtwatch.report.text import DAMAGED_INPUT
 from dtwatch.ring import RankSnapshot
 from dtwatch.ring.reader import InputProblem, try_read_ring
@@ -157,6 +157,12 @@ def live_warnings(event_files: list[Path]) -> list[Finding]:
 
 
 def analyze(paths: list[str], *, window: float = 0.0) -> Analysis:
+    """Read, merge and diagnose everything under ``paths`` (see the module doc)."""
+    with collector_paused():  # millions of small objects for a large job, freed by reference counting
+        return _analyze(paths, window)
+
+
+def _analyze(paths: list[str], window: float) -> Analysis:
     inputs = _scan(paths)
     bundle_dirs, ring_paths, event_files = inputs.bundles, inputs.rings, inputs.events
     states: dict[int, RankState] = {}
