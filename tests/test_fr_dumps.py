@@ -208,6 +208,29 @@ def test_every_rank_in_one_collective_names_no_culprit():
     assert "none is missing" in f.summary and "no Flight Recorder dump" not in f.summary
 
 
+def test_dumps_written_at_different_moments_of_a_healthy_job_give_no_finding():
+    fx = copy.deepcopy(load(fixture_names("healthy")[0]))
+    fx["dumps"]["0"]["entries"][-1]["retired"] = False  # rank 0 dumped while in the barrier the others had left
+    result, _, _ = run(fx)
+    assert not result.stalled and result.findings == []
+
+
+def test_a_rank_shown_in_flight_in_its_dump_is_never_said_to_have_none():
+    fx = copy.deepcopy(load(fixture_names("healthy")[0]))
+    fx["dumps"]["0"]["entries"][-1]["retired"] = False  # rank 0: in the barrier (seq 5) when it dumped
+    later = copy.deepcopy(fx["dumps"]["1"]["entries"][-1])  # rank 1 dumped later: it completed seq 5 and
+    later.update(collective_seq_id=6, op_id=6, retired=False, profiling_name="gloo:all_reduce")  # issued seq 6
+    later["time_created_ns"] += 10**9
+    fx["dumps"]["1"]["entries"].append(later)
+    result, _, _ = run(fx)
+    by_rank = {tuple(f.ranks): f.summary for f in result.findings}
+    assert sorted(by_rank) == [(0,), (2,), (3,)]  # rank 1 waits at seq 6 for all three
+    assert "shows barrier (group 0, seq 5)" in by_rank[(0,)] and "different moments" in by_rank[(0,)]
+    assert "no collective in flight" not in by_rank[(0,)]
+    assert all("has no collective in flight" in by_rank[(r,)] for r in (2, 3))
+    assert not any(UNSUPPORTED.search(text) for text in by_rank.values())
+
+
 def test_a_rank_without_a_dump_is_not_blamed_when_nobody_waits():
     fx = load(fixture_names("healthy")[0])
     result, _, facts = run(fx, dumps_of(fx, drop=(3,)))

@@ -317,7 +317,8 @@ def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: 
     head = (f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)} for "
             f"{fmt_ranks(absent)}, which {verb(inner, 'is', 'are')} inside {describe(m_call)} at {ctx.fmt(m_site)}")
     if unseen:
-        parts = [head, f"every member of that call dtwatch sees has joined it; {_never_seen(ctx, unseen)}",
+        seen = "with a dump" if _from_dumps(ctx) else "dtwatch sees"
+        parts = [head, f"every member of that call {seen} has joined it; {_never_seen(ctx, unseen)}",
                  "the rank that holds the job up is among them, or the call itself is not completing"]
     else:
         parts = [head, f"every member of group {m_call.group} has joined that call and none is missing",

@@ -83,9 +83,14 @@ def _outside_in_dump(ctx: Context, r: int, fields: dict, waiting_txt: str) -> Fi
     seq = s.groups[group].seq if group in s.groups else None
     site = ctx.user_site(r, last)
     behind = seq is not None and (last is None or (last.group, last.seq) != (group, seq))
-    parts = [f"rank {r} has no collective in flight in its Flight Recorder dump"
-             + (f": its last recorded one, {describe(last)} at {ctx.fmt(site)}, is no longer in flight" if last else
-                ": it recorded none"),
+    if last is not None and last.in_flight:  # in flight in its dump, completed by every peer in theirs
+        head = (f"rank {r}'s dump shows {describe(last)} at {ctx.fmt(site)} in flight, and every other member's "
+                "dump shows it completed (the dumps were written at different moments); it shows nothing later")
+    else:
+        head = f"rank {r} has no collective in flight in its Flight Recorder dump" + (
+            f": its last recorded one, {describe(last)} at {ctx.fmt(site)}, is no longer in flight" if last else
+            ": it recorded none")
+    parts = [head,
              f"it has issued up to seq {seq} of group {group}" if behind else "",
              "where it is now is not in a dump (a dump holds no stack)"]
     skipped = ((ctx.ev.dump_facts(r) or {}).get("p2p_unrecorded") or {})
