@@ -49,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from dtwatch.diagnose import entry_lags, silent_desyncs, straggler_warning
-    from dtwatch.diagnose.state import from_snapshot
+    from dtwatch.diagnose.rank_state import from_snapshot
     from dtwatch.ring import SEQ_CLOCK_ENTRIES, RingWriter, read_ring
 
     scale = _synthesiser()

@@ -42,13 +42,13 @@ def worker(path: str, depth: int, calls: int) -> None:
 
     import dtwatch
     from dtwatch.ops import bind
-    from dtwatch.record import native, recorder
+    from dtwatch.record import installation, native
 
     os.environ["DTWATCH_DIR"] = tempfile.mkdtemp(prefix="dtwatch-instr-")
     os.environ["DTWATCH_JOB_ID"] = "instructions"
     assert dtwatch.install(), "dtwatch was already installed"
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
-    rec = recorder.active()
+    rec = installation.active()
     assert rec is not None
     original = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
     spec = bind("all_reduce", original)
@@ -62,7 +62,7 @@ def worker(path: str, depth: int, calls: int) -> None:
         assert fastpath is not None, native.load_error()
         fn = native.make_native_wrapper(fastpath, rec, noop, spec)
     elif path == "python":
-        fn = recorder._make_wrapper(rec, noop, spec)
+        fn = installation._make_wrapper(rec, noop, spec)
     else:
         fn = noop
     t = torch.ones(1)

@@ -140,7 +140,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
 
     import dtwatch
     from dtwatch.ops import OpSpec, bind
-    from dtwatch.record import native, recorder
+    from dtwatch.record import installation, native
 
     def spec_of(name: str, fn: Callable[..., Any]) -> OpSpec:
         spec = bind(name, fn)
@@ -158,7 +158,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         import dtwatch.testing
     dist.init_process_group(backend, rank=0, world_size=1, store=dist.TCPStore("127.0.0.1", 0, 1, True))
     c10d = dist.distributed_c10d
-    rec = recorder.active()
+    rec = installation.active()
     assert rec is not None, "dtwatch.install() left no active recorder"
     fastpath = native.load() if rec.config.native != "off" else None
     t = torch.ones(1)
@@ -198,7 +198,7 @@ def bench_per_call(blocks: int, calls: int, noop_calls: int, backend: str = "glo
         """The native and the Python wrapper of ``fn`` as op ``name`` (the native one where the op takes it)."""
         spec = spec_of(name, _original(getattr(dist, name)))
         found = {"native": native.make_native_wrapper(fastpath, rec, fn, spec),
-                 "python": recorder._make_wrapper(rec, fn, spec)}
+                 "python": installation._make_wrapper(rec, fn, spec)}
         return {path: w for path, w in found.items() if w is not None}
 
     def noop(*args: Any, **kwargs: Any) -> Any:

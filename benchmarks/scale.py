@@ -118,7 +118,7 @@ class OldExchange:
     def rounds(self, decode: bool) -> Generator[None, None, list]:
         """One read of every other node's states; yields after each node (the caller takes turns with other
         nodes), returns the states read when decoding them."""
-        from dtwatch.diagnose.state import RankState
+        from dtwatch.diagnose.rank_state import RankState
 
         count = self.client.add(f"{self.prefix}/nodes", 0)
         states = []
@@ -333,6 +333,7 @@ class SimNode:
 
     def _diagnose(self, now: float) -> None:
         """What the watchdog does every poll with its ranks and the others'."""
+        from dtwatch.bundle.files import incident_id
         from dtwatch.diagnose import (
             FileEvidence,
             diagnose,
@@ -340,7 +341,6 @@ class SimNode:
             straggler_warning,
             uneven_loader_warnings,
         )
-        from dtwatch.report.bundle import incident_id
         from dtwatch.watchdog.incident import Step, next_step
 
         states = sorted(self.local + self.remote, key=lambda s: s.rank)

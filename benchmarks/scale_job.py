@@ -14,7 +14,7 @@ nothing progresses any more (heartbeats go on). The diagnosis must name that ran
 """
 from __future__ import annotations
 
-from dtwatch.diagnose.state import Call, GroupProgress, RankState
+from dtwatch.diagnose.rank_state import Call, GroupProgress, RankState
 
 RANKS_PER_NODE = 8
 SITES = {

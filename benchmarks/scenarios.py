@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dtwatch.report.bundle import bundle_findings
+from dtwatch.bundle.files import bundle_findings
 from dtwatch.report.capture import capture, live_warnings, write_fixture
 from dtwatch.watchdog.proctree import descendants
 from tests.scenarios.catalog import HERE as SCENARIO_DIR

@@ -19,27 +19,27 @@ __version__ = "0.1.0"
 
 def install(**options):
     """Start recording this process's collectives. Idempotent. See :class:`dtwatch.Config` for options."""
-    from dtwatch.record.recorder import install as _install
+    from dtwatch.record.installation import install as _install
 
     return _install(**options)
 
 
 def uninstall():
     """Stop recording and restore every function dtwatch replaced."""
-    from dtwatch.record.recorder import uninstall as _uninstall
+    from dtwatch.record.installation import uninstall as _uninstall
 
     return _uninstall()
 
 
 def is_installed() -> bool:
-    from dtwatch.record.recorder import active
+    from dtwatch.record.installation import active
 
     return active() is not None
 
 
 def step() -> None:
     """Mark the end of a training step (explicit use turns off counting optimizer steps)."""
-    from dtwatch.record.recorder import step as _step
+    from dtwatch.record.installation import step as _step
 
     _step()
 

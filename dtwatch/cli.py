@@ -135,9 +135,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from dtwatch.render.report_text import render_text
+    from dtwatch.render.timeline import render_html, render_svg
     from dtwatch.report.analyze import analyze
-    from dtwatch.report.text import render_text
-    from dtwatch.report.timeline import render_html, render_svg
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     if missing:
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_checks_parser(sub)
     try:
-        from dtwatch.lint.cli import add_lint_parser
+        from dtwatch.lint.lint_command import add_lint_parser
 
         add_lint_parser(sub)
     except ImportError:

@@ -11,7 +11,7 @@ A run directory (``<dir>/<job id>/``, one per job per node) holds::
     watchdog-<node>.json            the watchdog's ready file (pid, metrics URL)
     watchdog-<node>.log             the watchdog's log when a rank or ``dtwatch run`` started it
     events-<node>.jsonl             what the node's watchdog reported, one JSON object a line
-    incidents/<id>/<node>/          an incident bundle (see :mod:`dtwatch.report.bundle`)
+    incidents/<id>/<node>/          an incident bundle (see :mod:`dtwatch.bundle.files`)
 
 Imports nothing from dtwatch: code in the training process, the watchdog and the reports all use it.
 """

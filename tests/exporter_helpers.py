@@ -3,7 +3,7 @@
 * :func:`run_exp_job` runs ``tests/scripts/exp_worker.py``: a real 2-rank gloo job under
   ``python -m torch.distributed.run`` with dtwatch installed, and returns what each rank did.
 * :func:`node_view` reads a run directory's rings (``dtwatch.ring.read_ring`` +
-  ``dtwatch.diagnose.state.from_snapshot``) and assembles the :class:`~dtwatch.export.view.NodeView` a watchdog
+  ``dtwatch.diagnose.rank_state.from_snapshot``) and assembles the :class:`~dtwatch.export.view.NodeView` a watchdog
   would hand its exporters on its first poll (``new_records`` = every completed record).
 * :func:`write_synthetic_ring` writes a ring in the real format with many collectives (RingWriter +
   the recorder's record structs), for load tests that a 2-core machine cannot produce for real.
@@ -23,7 +23,7 @@ from typing import Any
 
 import dtwatch
 from dtwatch.diagnose import entry_lags
-from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.diagnose.rank_state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
 from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 

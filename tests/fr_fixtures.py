@@ -78,7 +78,7 @@ def run_worker(python: str, workdir: Path, nproc: int = 2, timeout: float = 180)
 
 
 def capture(python: str, rank: int = 0) -> dict:
-    from dtwatch.diagnose.state import from_snapshot
+    from dtwatch.diagnose.rank_state import from_snapshot
     from dtwatch.ring import read_ring
 
     with tempfile.TemporaryDirectory(prefix="dtwatch-fr-") as tmp:

@@ -84,7 +84,7 @@ def make_fixture(docs: dict[int, dict], fault: str, torch_version: str, site_pac
 
 
 def capture(python: str, fault: str) -> dict:
-    from dtwatch.report.safe_pickle import load_plain
+    from dtwatch.bundle.safe_pickle import load_plain
 
     with tempfile.TemporaryDirectory(prefix="dtwatch-frdump-") as tmp:
         out = Path(tmp) / "dumps"

@@ -98,7 +98,7 @@ def test_ring_that_cannot_be_created_is_one_warning_and_training_goes_on(dtwatch
     import torch.distributed as dist
 
     import dtwatch
-    from dtwatch.record import recorder
+    from dtwatch.record import installation
     from tests.conftest import init_world1
 
     blocker = tmp_path / "not-a-directory"
@@ -113,5 +113,5 @@ def test_ring_that_cannot_be_created_is_one_warning_and_training_goes_on(dtwatch
     mine = [str(w.message) for w in caught if "dtwatch" in str(w.message)]
     assert len(mine) == 1, mine
     assert f"creating this rank's ring {blocker}" in mine[0] and "not watched by dtwatch" in mine[0]
-    assert t.eq(1).all() and recorder.active().mm is None
+    assert t.eq(1).all() and installation.active().mm is None
     assert not getattr(dist.distributed_c10d._rank_not_in_group, "__dtwatch_probe__", False)  # no cost per call

@@ -13,7 +13,7 @@ import threading
 import torch
 
 import dtwatch
-from dtwatch.diagnose.state import Call, RankState, from_snapshot
+from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
 from dtwatch.record.callsite import INTERNAL, LIBRARY, OTHER, USER, SiteTable, classify_file, site_file
 from dtwatch.ring import RECORD_DTYPE, RECORD_SIZE, RingWriter, read_ring
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dtwatch.diagnose.positions import completed_by_peers, positions, waiting_call
-from dtwatch.diagnose.state import CPP_OP, Call, GroupProgress, RankState, from_snapshot
+from dtwatch.diagnose.rank_state import CPP_OP, Call, GroupProgress, RankState, from_snapshot
 from dtwatch.record.completion import _dump_entries, is_nccl, never_listed, watermark, watermarks
 from dtwatch.record.torchenv import flight_recorder_on
 from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring

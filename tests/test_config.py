@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import dtwatch
 from dtwatch.config import Config
-from dtwatch.record import recorder
+from dtwatch.record import installation
 from dtwatch.record.torchenv import apply_torch_env
 from tests.conftest import init_world1
 
@@ -108,7 +108,7 @@ def test_bad_environment_value_through_install(dtwatch_env, monkeypatch, caplog)
     (warning,) = dtwatch_warnings(caplog)
     assert "DTWATCH_RING_RECORDS" in warning and "an integer from 64 to 1048576" in warning
     init_world1()
-    rec = recorder.active()
+    rec = installation.active()
     assert rec.config.ring_records == 4096 and rec.capacity == 4096
 
 
@@ -119,7 +119,7 @@ def test_argument_beats_environment(dtwatch_env, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="dtwatch"):
         assert dtwatch.install(ring_records=256, watchdog="off") is True
     assert dtwatch_warnings(caplog) == []
-    rec = recorder.active()
+    rec = installation.active()
     assert rec.config.ring_records == 256  # argument
     assert rec.config.sample_interval == 0.5  # environment, where no argument was given
     init_world1()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from dtwatch.bundle.files import Bundle
+from dtwatch.render.report_text import render_text
 from dtwatch.report.analyze import analyze
-from dtwatch.report.bundle import Bundle
-from dtwatch.report.text import render_text
 from dtwatch.ring import RECORD_SIZE, RingFormatError, read_rings, ring_filename
 from dtwatch.ring.layout import STATIC
 from dtwatch.ring.reader import (
@@ -25,7 +25,7 @@ from dtwatch.ring.reader import (
     parse_ring,
     try_read_ring,
 )
-from dtwatch.watchdog.reader import RingReader
+from dtwatch.watchdog.ring_poll import RingReader
 from tests.test_reader_fuzz import HOST, JOB, ODD, WORLD, write_ring
 
 

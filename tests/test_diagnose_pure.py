@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import time
 
+from dtwatch.diagnose.phrases import fmt_ranks, trim, verb
 from dtwatch.diagnose.source import innermost_loop, loops
-from dtwatch.diagnose.text import fmt_ranks, trim, verb
 from dtwatch.lint.checker import rank_branches
 from dtwatch.watchdog.stacks import ending_files, main_thread_frames_of, process_ending
 
@@ -105,7 +105,7 @@ def test_main_thread_frames_of_a_faulthandler_dump():
 def test_ranks_at_one_line_are_told_apart_by_shape_only_where_every_rank_passes_the_same_shape():
     from dtwatch.diagnose.compare import _signature
     from dtwatch.diagnose.model import Position
-    from dtwatch.diagnose.state import Call
+    from dtwatch.diagnose.rank_state import Call
 
     class Ctx:
         def user_site(self, rank, call):

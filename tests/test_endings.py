@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dtwatch.diagnose import diagnose_fixture
 from dtwatch.diagnose.exits import Told, same_error, tell
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 
 INCIDENTS = Path(__file__).parent / "incidents"
 

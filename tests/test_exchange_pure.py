@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dtwatch.diagnose import FileEvidence, RecordedEvidence, ViewSample, diagnose, diagnose_fixture
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.report.capture import load_fixture
 from dtwatch.watchdog.aggregate import (
     FULL_VIEW_RANKS,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dtwatch.bundle.files import summarize_flight_record
 from dtwatch.diagnose import RecordedEvidence
 from dtwatch.diagnose.context import Context
 from dtwatch.diagnose.flight import (
@@ -29,8 +30,7 @@ from dtwatch.diagnose.flight import (
     op_family,
     summarize_entry,
 )
-from dtwatch.diagnose.state import CPP_OP, Call, from_snapshot
-from dtwatch.report.bundle import summarize_flight_record
+from dtwatch.diagnose.rank_state import CPP_OP, Call, from_snapshot
 from tests.conftest import SCRIPTS
 from tests.harness import site_line
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from dtwatch.bundle.safe_pickle import load_plain
 from dtwatch.report.analyze import _scan, analyze
 from dtwatch.report.fr_dumps import BAD_DUMP, MIXED_VERSION, NOT_A_DUMP, UNSAFE, dump_kind, rank_of
-from dtwatch.report.safe_pickle import load_plain
 from tests.conftest import SCRIPTS
 from tests.frdump_fixtures import PREFIX, run_job
 

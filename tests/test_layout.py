@@ -100,14 +100,14 @@ def test_code_that_runs_in_the_rank_never_imports_the_watchdog_side():
 def test_the_rank_side_import_checked_in_a_real_interpreter():
     code = (
         "import sys, dtwatch, dtwatch.auto, dtwatch.testing\n"
-        "from dtwatch.record import recorder, sampler, completion, callsite, launcher, torchenv\n"
+        "from dtwatch.record import installation, recorder, sampling_thread, completion, callsite, launcher, torchenv\n"
         "import json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('dtwatch'))))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "DTWATCH": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "dtwatch.record.recorder" in loaded
+    assert "dtwatch.record.installation" in loaded
     assert not [m for m in loaded if in_area(m, WATCHDOG_SIDE)], loaded
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import dtwatch.lint.checker
 from dtwatch.lint.checker import COLLECTIVES, LintFinding, is_rank_conditional_line, lint_file, lint_paths, lint_source
-from dtwatch.lint.cli import add_lint_parser
+from dtwatch.lint.lint_command import add_lint_parser
 from dtwatch.lint.visitor import ModuleChecker
 from dtwatch.ops import OP_KINDS, P2P_NAMES
 
@@ -47,7 +47,7 @@ def line_of(path: Path, fragment: str) -> int:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dtwatch.lint.cli", *args],
+        [sys.executable, "-m", "dtwatch.lint.lint_command", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 

@@ -24,8 +24,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 import dtwatch
 from dtwatch.diagnose.loaders import loader_evidence, loader_key, uneven_loader_warnings
-from dtwatch.diagnose.state import RankState
-from dtwatch.record import recorder
+from dtwatch.diagnose.rank_state import RankState
+from dtwatch.record import installation
 from dtwatch.report.capture import load_fixture
 from tests.conftest import init_world1
 
@@ -125,7 +125,7 @@ def test_a_loaders_identity_is_the_same_in_every_process(tmp_path):
     script = textwrap.dedent("""
         import sys, torch
         from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-        from dtwatch.record.samplers import LoaderMakes
+        from dtwatch.record.data_samplers import LoaderMakes
         makes = LoaderMakes()
         def make(ds):
             loader = DataLoader(ds, batch_size=2)
@@ -150,7 +150,7 @@ def test_loader_patches_are_restored_and_a_failure_is_one_warning(dtwatch_env, m
     before = (DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__)
     assert dtwatch.install() is True
     init_world1()
-    rec = recorder.active()
+    rec = installation.active()
 
     def broken(*_args):
         raise RuntimeError("boom")

@@ -31,16 +31,16 @@ from unittest import mock
 
 import pytest
 
+from dtwatch.bundle.files import Bundle, BundleFileError, parse_bundle_file
 from dtwatch.diagnose import Finding
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
+from dtwatch.render.report_text import render_text
 from dtwatch.report.analyze import analyze
-from dtwatch.report.bundle import Bundle, BundleFileError, parse_bundle_file
-from dtwatch.report.text import render_text
 from dtwatch.ring import EXIT_CLEAN, FLAG_MARKER, RingWriter, ring_filename
 from dtwatch.ring.layout import FACTS_OFFSET, HEADER_SIZE, LIVE_OFFSET, RECORD_SIZE, STATIC
 from dtwatch.ring.reader import try_read_ring
 from dtwatch.ring.setup_facts import encode_facts, write_facts
-from dtwatch.watchdog.reader import RingReader
+from dtwatch.watchdog.ring_poll import RingReader
 
 SEED = 24
 WORLD = 4
@@ -113,7 +113,7 @@ def pristine(tmp_path_factory):
     # A bundle alone (no rings): its rank files are the only copy of each rank.
     bundle_root = root / "bundle-only"
     bundle = Bundle(str(bundle_root), "inc-r0-g0-s21-desync", HOST)
-    clock = mock.patch("dtwatch.report.bundle.time.time", return_value=NOW)
+    clock = mock.patch("dtwatch.bundle.files.time.time", return_value=NOW)
     clock.start()
     bundle.write_findings(result.findings, result.states, {"job_id": JOB, "detected": now, "verdict": "stall",
                                                            "world_size": WORLD, "local_ranks": list(range(WORLD))})

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 import dtwatch
 from dtwatch.ops import OP_KINDS
-from dtwatch.record import hooks, recorder
+from dtwatch.record import hooks, installation
 from dtwatch.ring import FLAG_ASYNC, FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, STATUS_ERROR, STATUS_OK
 from tests.conftest import SCRIPTS, init_world1, wait_for
 
@@ -444,7 +444,7 @@ def test_reinit_after_destroy_records_into_a_fresh_ring(dtwatch_env):
 def test_collectives_untouched_without_process_group(dtwatch_env):
     excepthook = sys.excepthook
     assert dtwatch.install() is True
-    assert sys.excepthook is recorder.active().excepthook
+    assert sys.excepthook is installation.active().excepthook
     t = torch.ones(2)
     with pytest.raises(Exception) as wrapped_exc:
         dist.all_reduce(t)
@@ -453,7 +453,7 @@ def test_collectives_untouched_without_process_group(dtwatch_env):
     assert type(wrapped_exc.value) is type(plain_exc.value)
     assert str(wrapped_exc.value) == str(plain_exc.value)
     assert t.eq(1).all()
-    assert recorder.active().mm is None
+    assert installation.active().mm is None
     assert not dtwatch_env.exists() or not list(dtwatch_env.glob("*.ring"))
     assert dtwatch.uninstall() is True
     assert sys.excepthook is excepthook
@@ -597,7 +597,7 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
             snap.sites
 
         # The summary the watchdog reasons about carries both sites, and survives a JSON round trip.
-        from dtwatch.diagnose.state import RankState, from_snapshot
+        from dtwatch.diagnose.rank_state import RankState, from_snapshot
 
         state = from_snapshot(snap, local=False)
         calls = state.groups["0"].recent

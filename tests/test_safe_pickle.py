@@ -1,4 +1,4 @@
-"""Flight Recorder files are read without running code (dtwatch.report.safe_pickle).
+"""Flight Recorder files are read without running code (dtwatch.bundle.safe_pickle).
 
 A real dump (torch's own, from a one-rank gloo group in a subprocess) reads the same through the restricted
 unpickler as through pickle; a planted pickle whose ``__reduce__`` would write a file is refused, names the
@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from dtwatch.report.bundle import summarize_flight_record
-from dtwatch.report.safe_pickle import UnsafePickleError, load_plain
+from dtwatch.bundle.files import summarize_flight_record
+from dtwatch.bundle.safe_pickle import UnsafePickleError, load_plain
 
 DUMP_SCRIPT = textwrap.dedent("""
     import os, sys

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from dtwatch.config import Config
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.setup import (
     CHECKS,
     HOLD_S,
@@ -26,11 +27,10 @@ from dtwatch.diagnose.setup import (
     same_shuffle,
     setup_warnings,
 )
-from dtwatch.diagnose.state import RankState
+from dtwatch.record.data_samplers import describe_loader, training_now
 from dtwatch.record.fingerprint import LEAF_BYTES, dataset_signature, fingerprint
-from dtwatch.record.recorder import Recorder
-from dtwatch.record.samplers import describe_loader, training_now
-from dtwatch.record.setup_facts import EPOCHS_KEPT, FINGERPRINTS_KEPT, SetupFacts, _fit
+from dtwatch.record.installation import Recorder
+from dtwatch.record.setup_probe import EPOCHS_KEPT, FINGERPRINTS_KEPT, SetupFacts, _fit
 from dtwatch.report.capture import load_fixture
 from dtwatch.ring.layout import FACTS_CAPACITY, FACTS_END, FACTS_HEAD, FACTS_OFFSET
 from dtwatch.ring.setup_facts import encode_facts, read_facts, write_facts

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dtwatch.diagnose.state import Call, GroupProgress, RankState
+from dtwatch.diagnose.rank_state import Call, GroupProgress, RankState
 from dtwatch.diagnose.straggler import (
     HOLD,
     MIN_STEPS,
@@ -329,7 +329,7 @@ def test_recorded_calls_time_the_sequence_numbers_when_the_clock_is_quiet():
     times, thinned to one per 5 ms (the newest), so 256 kept pairs span as long as the clock's would."""
     import numpy as np
 
-    from dtwatch.diagnose.state import SEQ_TIMES_KEPT, _seq_times
+    from dtwatch.diagnose.rank_state import SEQ_TIMES_KEPT, _seq_times
     from dtwatch.ring.layout import SEQ_CLOCK_DTYPE
 
     clock = np.zeros(2, dtype=SEQ_CLOCK_DTYPE)

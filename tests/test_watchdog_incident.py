@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from dtwatch import paths
+from dtwatch.bundle.files import Bundle, bundle_findings
 from dtwatch.diagnose import Diagnosis, FileEvidence, Finding, diagnose
 from dtwatch.report.analyze import analyze
-from dtwatch.report.bundle import Bundle, bundle_findings
 from dtwatch.report.capture import load_fixture
-from dtwatch.watchdog.evidence import collect_evidence
+from dtwatch.watchdog.evidence_collection import collect_evidence
 from dtwatch.watchdog.incident import Incident, OpenIncident, Step, next_step
 
 FIXTURE = Path(__file__).resolve().parent / "incidents" / "desync_order_swap.json"

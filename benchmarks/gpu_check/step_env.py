@@ -97,10 +97,10 @@ def dtwatch_installs(step: Step) -> None:
     logging.getLogger("dtwatch").addHandler(Catch())
     os.environ.update(DTWATCH_WATCHDOG="off", DTWATCH_DIR=str(step.dir / "dtw"), DTWATCH_STACK_SIGNAL="off")
     from dtwatch.ops import OP_KINDS
-    from dtwatch.record import recorder
+    from dtwatch.record import installation
 
     ok = dtwatch.install()
-    rec = recorder.active()
+    rec = installation.active()
     wrapped = {attr for owner, attr, _o, _w in (rec.patched if rec else []) if owner is dist.distributed_c10d}
     present = [n for n in OP_KINDS if getattr(dist.distributed_c10d, n, None) is not None]
     missing = [n for n in present if n not in wrapped]

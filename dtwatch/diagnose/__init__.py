@@ -1,10 +1,11 @@
 """Cross-rank diagnosis: from every rank's state, decide whether the job is stalled and say why.
 
 One entry point, :func:`diagnose`, serves the live watchdog, ``dtwatch analyze`` and the recorded
-incidents of the test corpus. It is pure: its inputs are the ranks' states (:class:`~dtwatch.diagnose.state.RankState`),
-a clock, the stall window and an :class:`Evidence` reader (source lines, the static rank-conditional
-check, loops, stacks, Flight Recorder entries, how processes ended); its output is typed findings.
-It does no I/O and does not change its inputs' meaning (it settles per-group completion counts).
+incidents of the test corpus. It is pure: its inputs are the ranks' states
+(:class:`~dtwatch.diagnose.rank_state.RankState`), a clock, the stall window and an :class:`Evidence`
+reader (source lines, the static rank-conditional check, loops, stacks, Flight Recorder entries, how
+processes ended); its output is typed findings. It does no I/O and does not change its inputs' meaning
+(it settles per-group completion counts).
 
 Layout: :mod:`.align` and :mod:`.order` (program order: the first point where the ranks' call streams
 parted, at a stall, when ranks end, and live); :mod:`.positions` (where each rank is; the stall decision);
@@ -39,11 +40,11 @@ from dtwatch.diagnose.decide import exit_findings as _exit_findings
 from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence, ViewSample
 from dtwatch.diagnose.loaders import loader_evidence, uneven_loader_warnings
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
+from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, trim, with_source
 from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.silent import silent_desyncs
-from dtwatch.diagnose.state import RankState
 from dtwatch.diagnose.straggler import EntryLags, entry_lags, straggler_warning
-from dtwatch.diagnose.text import fmt_ranks, fmt_site, trim, with_source
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 from dtwatch.ring.layout import MAX_SEQ_SPAN
 

@@ -19,7 +19,7 @@ from dtwatch.diagnose.idle import stuck_outside, unresponsive
 from dtwatch.diagnose.model import Finding
 from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.positions import StallCheck
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.sync_points import with_sync_points
 
 __all__ = ["classify", "exit_findings"]

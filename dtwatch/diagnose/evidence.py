@@ -72,7 +72,7 @@ class Evidence:
         return None
 
     def flight_record(self, rank: int) -> dict | None:
-        """The rank's Flight Recorder summary (see dtwatch.report.bundle.summarize_flight_record)."""
+        """The rank's Flight Recorder summary (see dtwatch.bundle.files.summarize_flight_record)."""
         return None
 
     def ending(self, rank: int) -> dict | None:

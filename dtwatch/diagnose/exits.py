@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.exception_text import Raised, raised, short_message
 
 _AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)

@@ -105,7 +105,7 @@ def _score(call: Any, entry: dict) -> int:
 
 
 def calibrate(entries: list[dict], calls: Iterable[Any], backend: str = "") -> SeqMapping:
-    """The mapping that best explains the rank's own Python-issued ``calls`` (dtwatch.diagnose.state.Call-like:
+    """The mapping that best explains the rank's own Python-issued ``calls`` (dtwatch.diagnose.rank_state.Call-like:
     ``op``, ``group``, ``seq``, ``span``, ``fingerprint``) by these FR ``entries``; the default if none does."""
     # The backend from the caller (the ring), else from the entries' profiling names ("gloo:all_reduce").
     backend = backend or next((str(e["backend"]) for e in entries if e.get("backend")), "")

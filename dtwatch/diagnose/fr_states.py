@@ -5,7 +5,7 @@ A dump (``torch._C._distributed_c10d._dump_fr_trace()``, or the file torch write
 ``version``, ``pg_config``, ``pg_status`` and ``entries``: one entry per collective the rank issued, newest last,
 with its process group, counters, op (``profiling_name``: ``gloo:all_reduce``, ``nccl:send 0->1``), input
 sizes and dtypes, state and the Python frames that issued it. :func:`rank_state` makes a
-:class:`~dtwatch.diagnose.state.RankState` of one rank's dump, so that :func:`dtwatch.diagnose.diagnose` and its
+:class:`~dtwatch.diagnose.rank_state.RankState` of one rank's dump, so that :func:`dtwatch.diagnose.diagnose` and its
 program-order alignment run unchanged.
 
 What the entries say, measured on torch 2.8-2.15 with gloo (real 2-4 rank jobs, ``tests/scripts/fr_job.py``) and
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtwatch.diagnose.flight import frame_sites
-from dtwatch.diagnose.state import Call, GroupProgress, RankState
+from dtwatch.diagnose.rank_state import Call, GroupProgress, RankState
 
 FLIGHT_RECORDER = "flight_recorder"  # RankState.origin of a state made from a dump
 UNKNOWN = "unknown"  # RankState.exit_state when nothing says whether or how the process ended

@@ -5,7 +5,7 @@ loader iterated by one ``_run_epoch(loader)`` are two (:func:`loader_key`). And 
 collectives: a rank that runs out of batches first leaves the loop while the others' next collective in
 it has no partner. An evaluation loop without a collective inside it hangs nobody, whatever the lengths:
 every rank meets the collective after it (an ``all_gather_object`` of the metrics) when it gets there.
-What the recorder tells (per rank and loader, :mod:`dtwatch.diagnose.state`): the collectives the rank
+What the recorder tells (per rank and loader, :mod:`dtwatch.diagnose.rank_state`): the collectives the rank
 issued while the latest ended epoch's loop ran, and those seen so far in an epoch still running. While no
 rank has issued two in the loop (its first epoch has just started, or its loop has none but DDP's buffer
 broadcast at the first forward), or once a rank ended the loop with fewer collectives than batches (not one
@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.state import RankState
-from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.rank_state import RankState
 
 
 def loader_key(ld: dict) -> tuple:
     """The same DataLoader on every rank: where it was made and what it holds (``ident``, see
-    :class:`dtwatch.record.samplers.LoaderMakes`), iterated at the same loop line and the same user line
+    :class:`dtwatch.record.data_samplers.LoaderMakes`), iterated at the same loop line and the same user line
     that led to it (a library's loop iterates all of a job's loaders). Rings written before loaders were
     told apart have no ``ident``: the loop's lines alone, or the same slot when no line is known."""
     site, user = ld.get("site"), ld.get("user_site")

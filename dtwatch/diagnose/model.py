@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from dtwatch.diagnose.state import Call
+from dtwatch.diagnose.rank_state import Call
 
 STALL, WARNING = "stall", "warning"
 

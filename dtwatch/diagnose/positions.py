@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtwatch.diagnose.model import Position
-from dtwatch.diagnose.state import CPP_OP, Call, RankState
+from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
 from dtwatch.ops import P2P_NAMES
 
 

@@ -1,6 +1,6 @@
 """Setup mistakes that never hang: the job runs, the loss goes down, and the result is wrong or the
 cluster is wasted. Each check is one pure function of the ranks' states (their setup facts, see
-:mod:`dtwatch.record.setup_facts`) returning at most one warning, with the ranks and the line.
+:mod:`dtwatch.record.setup_probe`) returning at most one warning, with the ranks and the line.
 
 * ``not_distributed``: WORLD_SIZE > 1, but a rank runs optimizer steps without a process group.
 * ``same_device``: ranks of one host use the same GPU (``set_device(RANK)`` instead of ``LOCAL_RANK``).
@@ -23,8 +23,8 @@ from typing import Any
 
 from dtwatch.diagnose.loaders import loader_key
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.state import RankState
-from dtwatch.diagnose.text import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.rank_state import RankState
 
 SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts are final enough to compare
 

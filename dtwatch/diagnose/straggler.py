@@ -35,7 +35,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 
 MAX_COMPARED = 200  # the newest collectives of group 0 compared across ranks
 FILL_BACK = 10 * MAX_COMPARED  # how far back from the newest number the issue times are filled in

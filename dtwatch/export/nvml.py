@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dtwatch.diagnose.state import RankState
+    from dtwatch.diagnose.rank_state import RankState
 
 log = logging.getLogger("dtwatch.export.nvml")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dtwatch.diagnose import Finding
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring import RankSnapshot
 
 

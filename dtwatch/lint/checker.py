@@ -4,7 +4,7 @@ The classic torch.distributed deadlock is a collective inside a rank-conditional
 calls ``dist.barrier()``, the other ranks never do, and every rank waits forever. This module
 finds such calls with the standard-library ``ast`` module; nothing is imported or executed.
 
-From the command line (``python -m dtwatch.lint.cli`` works the same)::
+From the command line (``python -m dtwatch.lint.lint_command`` works the same)::
 
     $ dtwatch lint train.py src/
     train.py:12:9: DTW001 dist.barrier() inside rank-conditional branch 'if rank == 0' (line 11): ...

@@ -50,7 +50,7 @@ from dtwatch.ring import FLAG_ASYNC, FLAG_ENQUEUED, NUMEL_FROM_SHAPE, RECORD_ENT
 from dtwatch.ring.layout import FLAG_HOOKED
 
 if TYPE_CHECKING:
-    from dtwatch.record.state import Recorder
+    from dtwatch.record.recorder import Recorder
 
 HOOK_ID = 0x64747700  # dtwatch's id for its pre- and post-hook on every group ("dtw\0")
 

@@ -30,7 +30,7 @@ from dtwatch.ring import FLAG_ASYNC, FLAG_ENQUEUED, NUMEL_FROM_SHAPE, STATUS_ERR
 from dtwatch.ring.layout import RECORD
 
 if TYPE_CHECKING:
-    from dtwatch.record.state import Recorder
+    from dtwatch.record.recorder import Recorder
 
 log = logging.getLogger("dtwatch")
 

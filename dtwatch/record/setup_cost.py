@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from dtwatch.record.data_samplers import describe_loader, training_now
 from dtwatch.record.fingerprint import dataset_signature, fingerprint
-from dtwatch.record.samplers import describe_loader, training_now
 from dtwatch.ring.layout import FACTS_END
 from dtwatch.ring.setup_facts import encode_facts, write_facts
 

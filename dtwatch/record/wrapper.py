@@ -37,7 +37,7 @@ from dtwatch.ring import (
 )
 
 if TYPE_CHECKING:
-    from dtwatch.record.state import Recorder
+    from dtwatch.record.recorder import Recorder
 
 DTYPE_CODES_BY_TORCH: dict[torch.dtype, int] = {}  # torch's dtypes -> the ring's codes
 for _name, _code in DTYPE_CODES.items():

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtwatch.record.setup_facts import SetupFacts, SetupHost, _device_fact, caller_site
+from dtwatch.record.setup_probe import SetupFacts, SetupHost, _device_fact, caller_site
 
 FSDP_MODULE = "torch.distributed.fsdp"
 _FULLY_SHARD_HOMES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtwatch.bundle.files import read_bundle
 from dtwatch.diagnose import (
     FileEvidence,
     Finding,
@@ -32,13 +33,12 @@ from dtwatch.diagnose import (
     uneven_loader_warnings,
 )
 from dtwatch.diagnose.fr_states import JobFacts, states_from_dumps
+from dtwatch.diagnose.rank_state import RankState, from_snapshot
 from dtwatch.diagnose.setup import setup_warnings
-from dtwatch.diagnose.state import RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, FLIGHT_RECORDS, RING_SUFFIX, is_events_file
-from dtwatch.report.bundle import read_bundle
+from dtwatch.render.report_text import DAMAGED_INPUT
 from dtwatch.report.events import warnings_in
 from dtwatch.report.fr_dumps import DumpSet, candidates, collector_paused, dump_facts, in_flight, limits, read_dumps
-from dtwatch.report.text import DAMAGED_INPUT
 from dtwatch.ring import RankSnapshot
 from dtwatch.ring.reader import InputProblem, try_read_ring
 from dtwatch.watchdog.stacks import process_ending

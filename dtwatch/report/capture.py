@@ -1,6 +1,6 @@
 """``dtwatch capture SRC -o FIXTURE.json``: pack a real incident into one compact, sanitised JSON file.
 
-A fixture holds what the diagnosis reasons about (every rank's :class:`~dtwatch.diagnose.state.RankState`, the
+A fixture holds what the diagnosis reasons about (every rank's :class:`~dtwatch.diagnose.rank_state.RankState`, the
 clock, the stall window) and the evidence it may read (source lines, py-spy stacks, Flight Recorder
 summaries), so that an incident can be replayed through the diagnosis in milliseconds, attached to a bug
 report, or kept as a regression test::
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtwatch.diagnose.state import Call, RankState, from_snapshot
+from dtwatch.bundle.files import bundle_findings
+from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE, is_events_file
-from dtwatch.report.bundle import bundle_findings
 from dtwatch.report.events import warnings_in
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 from dtwatch.watchdog.stacks import process_ending

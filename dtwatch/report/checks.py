@@ -9,7 +9,7 @@ from typing import Any
 
 def checks_document(measured: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from dtwatch.diagnose.setup import CHECKS, SETTLE_S
-    from dtwatch.record.setup_facts import GRACE_S
+    from dtwatch.record.setup_probe import GRACE_S
 
     doc: dict[str, Any] = {
         "checks": [c.to_dict() for c in CHECKS],

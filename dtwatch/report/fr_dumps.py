@@ -5,7 +5,7 @@ torch writes one file per rank, named ``<prefix><rank>`` (``TORCH_FR_DUMP_TEMP_F
 ``_dump_fr_trace()`` / ``_dump_nccl_trace()`` (a pickle) or of their ``_json`` variants itself. A dump is known
 by its content, not its name: a pickle or a JSON object whose first bytes hold the dump's keys (``version``,
 ``entries``, ``pg_config``), or a pickle named like a dump. It is read with the restricted unpickler
-(:func:`~dtwatch.report.safe_pickle.load_plain`: nothing in a file is ever run) and checked
+(:func:`~dtwatch.bundle.safe_pickle.load_plain`: nothing in a file is ever run) and checked
 (:func:`~dtwatch.diagnose.fr_states.dump_problem`). The rank is the number the file name ends in.
 
 A file that is cut short, garbled, refused (it asks to run code), not a dump after all, or of another dump
@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtwatch.bundle.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.diagnose.fr_states import MAX_RANKS, Dump, completed, dump_problem, p2p_gaps, split_name
-from dtwatch.diagnose.text import fmt_ranks
-from dtwatch.report.safe_pickle import UnsafePickleError, load_plain
+from dtwatch.diagnose.phrases import fmt_ranks
 from dtwatch.ring.reader import IO_ERROR, InputProblem
 
 HEAD = 4096  # bytes read to recognise a dump

@@ -229,7 +229,7 @@ LOADER = Layout(
     Field("user_site", "I"),  # the user's line that led there, when the loop is a library's (0: none, or older)
     Field("length", "q"),  # -1 when unknown
     Field("epochs", "Q"), Field("time", "d"), Field("step", "Q"),  # epochs started; time and step of the latest
-    # Which loader, the same on every rank (see dtwatch.record.samplers.LoaderMakes); never 0 when written.
+    # Which loader, the same on every rank (see dtwatch.record.data_samplers.LoaderMakes); never 0 when written.
     Field("ident", "I"),
     Field("made_site", "I"),  # the user's line that made it (0: unknown)
     Field("seq_start", "Q"),  # the default group's sequence number when the latest epoch started (NO_SEQ: unknown)

@@ -8,7 +8,7 @@ UTF-8 JSON.
 
 A reader that catches the block mid-write sees a length of 0 or a checksum that does not match and reads
 no facts (the next read sees them). The document's fields are described in
-:mod:`dtwatch.record.setup_facts`.
+:mod:`dtwatch.record.setup_probe`.
 """
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ DEFAULT_MEMBERS = 16384
 class RingWriter:
     """Creates and owns one rank's ring. Only the training process writes; tables are append-only.
 
-    The hot path (``dtwatch.record.recorder``) packs records straight into ``self.mm`` with the
+    The hot path (``dtwatch.record.installation``) packs records straight into ``self.mm`` with the
     ``RECORD_ENTRY_BY_NDIM`` / ``RECORD_EXIT`` structs; everything here is cold path.
     """
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.watchdog.aggregate import (
     FULL_VIEW_RANKS,
     ViewHead,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from dtwatch.diagnose.state import RankState
-from dtwatch.watchdog.notice import render_fail_fast
+from dtwatch.diagnose.rank_state import RankState
+from dtwatch.render.console import render_fail_fast
 from dtwatch.watchdog.outputs import Outputs
 from dtwatch.watchdog.proctree import Termination, identity, running, terminate_trees, tree
 

@@ -2,7 +2,7 @@
 
 Thread ownership. The poll thread (the watchdog's main loop) decides, creates an :class:`Incident` and
 sends it (bundle, events, console, webhook). From then on nobody changes it: it is frozen and its
-findings are a tuple. The evidence thread (one per incident, :mod:`dtwatch.watchdog.evidence`) reads it
+findings are a tuple. The evidence thread (one per incident, :mod:`dtwatch.watchdog.evidence_collection`) reads it
 and adds what it learned as a new record, :class:`IncidentEvidence`, handed over once through
 :class:`OpenIncident` (a write, then an event; the poll thread reads it only after the event). The
 bundle's files written at detection are not rewritten by the evidence thread; it adds files, an
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dtwatch.diagnose import Diagnosis, Finding, ViewSample
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Incident:
 
     id: str
     verdict: str
-    """``stall`` or ``crash`` (see :func:`dtwatch.watchdog.notice.verdict`)."""
+    """``stall`` or ``crash`` (see :func:`dtwatch.render.console.verdict`)."""
     findings: tuple[Finding, ...]
     """Stall-severity findings, culprits first, as written to ``findings.json`` and sent."""
     states: tuple[RankState, ...]

@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass, field
 
 from dtwatch import paths
+from dtwatch.bundle.files import summarize_flight_record
 from dtwatch.diagnose import FileEvidence, ViewSample
 from dtwatch.diagnose.evidence import main_thread_frames
-from dtwatch.diagnose.state import RankState
-from dtwatch.report.bundle import summarize_flight_record
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring import request_dump
 from dtwatch.watchdog.stacks import process_ending, pyspy_dump
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtwatch.diagnose import EntryLags, Finding
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.export.view import NodeView, WatchdogHealth
 from dtwatch.ring import RankSnapshot
 

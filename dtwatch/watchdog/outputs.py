@@ -17,7 +17,7 @@ from dtwatch.diagnose import Finding
 from dtwatch.watchdog.console import show
 from dtwatch.watchdog.incident import Incident
 from dtwatch.watchdog.proctree import running
-from dtwatch.watchdog.reader import RingReader
+from dtwatch.watchdog.ring_poll import RingReader
 from dtwatch.watchdog.services import Services
 
 log = logging.getLogger("dtwatch")

@@ -11,7 +11,7 @@ from typing import Any
 
 from dtwatch.config import WatchOptions, job_store_address
 from dtwatch.diagnose.evidence import ViewSample
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.watchdog.exchange import Exchange
 from dtwatch.watchdog.incident import OpenIncident
 

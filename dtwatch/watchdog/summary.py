@@ -1,6 +1,6 @@
 """A node's ranks in compact form, for the cross-node exchange (pure: no I/O).
 
-Two encodings of one node's :class:`~dtwatch.diagnose.state.RankState` list cross the store:
+Two encodings of one node's :class:`~dtwatch.diagnose.rank_state.RankState` list cross the store:
 
 * the **state** (:func:`encode_states` / :func:`decode_states`): what the diagnosis reads of a remote rank,
   trimmed to what it needs: per group the sequence numbers (issued, completed, Python/C++), the last
@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 from dtwatch.diagnose.positions import positions
-from dtwatch.diagnose.state import Call, GroupProgress, RankState
+from dtwatch.diagnose.rank_state import Call, GroupProgress, RankState
 
 FORMAT = 2  # 2: each rank's setup facts
 RECENT_KEPT = 16  # recent calls per group (enough to align program order and to see lag)
@@ -149,7 +149,7 @@ def encode_states(node: str, states: list[RankState], now: float, *, heartbeats:
 
 def _unloader(table: list, base: float, v: list) -> dict:
     """One loader of an encoded rank: the ring's fields, and where loaders are told apart (``ident``) where
-    it was made and what its loop issued (see :func:`dtwatch.diagnose.state._loaders`)."""
+    it was made and what its loop issued (see :func:`dtwatch.diagnose.rank_state._loaders`)."""
     idx, si, length, epochs, t, lstep, user, *told = v
     ld = {"index": idx, "site": _deref(table, si), "length": length, "epochs": epochs, "time": _ut(t, base),
           "step": lstep, "user_site": _deref(table, user)}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from dtwatch.diagnose import Evidence, Finding, silent_desyncs, uneven_loader_warnings
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.setup import Hold as SetupHold
 from dtwatch.diagnose.setup import setup_warnings
-from dtwatch.diagnose.state import RankState
 
 RECENT = 20
 """Warnings kept for the exporters' view."""

@@ -12,9 +12,9 @@ What it finds is shown on the job's console (see :mod:`dtwatch.watchdog.console`
 per warning, and logged in full to its own log.
 
 This module is the lifecycle and one poll's order of work; each step lives in its own module: reading the
-rings (:mod:`~dtwatch.watchdog.reader`), the other nodes (:mod:`~dtwatch.watchdog.peers`), the stall window
+rings (:mod:`~dtwatch.watchdog.ring_poll`), the other nodes (:mod:`~dtwatch.watchdog.peers`), the stall window
 (:mod:`~dtwatch.watchdog.window`), the incident and its state machine (:mod:`~dtwatch.watchdog.incident`),
-its evidence (:mod:`~dtwatch.watchdog.evidence`), --fail-fast (:mod:`~dtwatch.watchdog.failfast`), warnings
+its evidence (:mod:`~dtwatch.watchdog.evidence_collection`), --fail-fast (:mod:`~dtwatch.watchdog.failfast`), warnings
 (:mod:`~dtwatch.watchdog.warn`), what is said where (:mod:`~dtwatch.watchdog.outputs`), the exporters' view
 (:mod:`~dtwatch.watchdog.metric_view`) and the services (:mod:`~dtwatch.watchdog.services`).
 """
@@ -30,22 +30,22 @@ import threading
 import time
 
 from dtwatch import __version__, paths
+from dtwatch.bundle.files import Bundle, incident_id
 from dtwatch.config import WatchOptions
 from dtwatch.diagnose import Diagnosis, Finding, diagnose, entry_lags
-from dtwatch.diagnose.state import RankState, from_snapshot
+from dtwatch.diagnose.rank_state import RankState, from_snapshot
 from dtwatch.diagnose.straggler import StragglerWatch
 from dtwatch.export.view import WatchdogHealth
 from dtwatch.paths import EXIT_FAILED_FAST, EXIT_LOCKED, EXIT_OK
-from dtwatch.report.bundle import Bundle, incident_id
-from dtwatch.watchdog.evidence import collect_evidence
+from dtwatch.render.console import STALL, render_notice, render_warning, verdict
+from dtwatch.watchdog.evidence_collection import collect_evidence
 from dtwatch.watchdog.failfast import end_ranks
 from dtwatch.watchdog.incident import Incident, OpenIncident, Step, next_step, onset_of
 from dtwatch.watchdog.live_evidence import LiveEvidence
 from dtwatch.watchdog.metric_view import Poll, node_view
-from dtwatch.watchdog.notice import STALL, render_notice, render_warning, verdict
 from dtwatch.watchdog.outputs import Outputs
 from dtwatch.watchdog.peers import Peers
-from dtwatch.watchdog.reader import RingReader, collective_durations
+from dtwatch.watchdog.ring_poll import RingReader, collective_durations
 from dtwatch.watchdog.services import Services
 from dtwatch.watchdog.warn import Warnings
 from dtwatch.watchdog.window import StallWindow
@@ -234,7 +234,7 @@ class Watchdog:
             # a large job: the other nodes' ranks in states/ are a sample (see dtwatch.diagnose.ViewSample)
             "view_sample": dataclasses.asdict(incident.sample) if incident.sample is not None else None,
         })
-        from dtwatch.report.text import render_text
+        from dtwatch.render.report_text import render_text
 
         bundle.add_text(paths.BUNDLE_REPORT, render_text(findings, states, now=now, verdict=kind))
         self.incident = OpenIncident(incident)

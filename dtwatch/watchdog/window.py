@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from dtwatch.config import WatchOptions
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 
 
 class StallWindow:

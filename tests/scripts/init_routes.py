@@ -23,14 +23,14 @@ import torch
 import torch.distributed as dist
 
 import dtwatch
-from dtwatch.record import recorder
+from dtwatch.record import installation
 
 c10d = dist.distributed_c10d
 
 
 def without_c10d_hook() -> None:
     """As on a torch without ``_update_default_pg``: only the first-use probe and the poll remain."""
-    rec = recorder.active()
+    rec = installation.active()
     for owner, attr, original, wrapper in rec.patched:
         if attr == "_update_default_pg" and getattr(owner, attr) is wrapper:
             setattr(owner, attr, original)
@@ -78,7 +78,7 @@ def main() -> dict:
     elif ROUTE == "without_c10d_hook":
         without_c10d_hook()
         init_by_name("gloo")
-        note["attached_before_first_use"] = recorder.active().mm is not None
+        note["attached_before_first_use"] = installation.active().mm is not None
         python_collectives()
     elif ROUTE == "cpp_only_without_hook":
         # Nothing from Python after init: collectives issued from C++ only (as DDP's reducer does);
@@ -103,7 +103,7 @@ def main() -> dict:
         pg.barrier().wait()
     else:
         raise SystemExit(f"unknown route {ROUTE}")
-    rec = recorder.active()
+    rec = installation.active()
     note["attached"] = rec is not None and rec.mm is not None
     note["ring"] = str(rec.ring.path) if rec is not None and rec.ring is not None else None
     if dist.is_initialized():

@@ -61,7 +61,7 @@ def main() -> None:
     os.environ.update(DTWATCH_WATCHDOG="off", DTWATCH_STACK_SIGNAL="off", DTWATCH_JOB_ID="bench",
                       DTWATCH_DIR=tempfile.mkdtemp(prefix="gpu-check-overhead-"))
     import dtwatch
-    from dtwatch.record import recorder
+    from dtwatch.record import installation
     from dtwatch.ring.reader import read_ring
 
     assert dtwatch.install(), "dtwatch was installed already"
@@ -85,7 +85,7 @@ def main() -> None:
 
         spec = bind("all_reduce", original)
         assert spec is not None
-        python_path = make_wrapper(recorder.active(), original, spec)
+        python_path = make_wrapper(installation.active(), original, spec)
         res["all_reduce_python_path"] = alternate(lambda: original(t), lambda: python_path(t), sync, CALLS)
     sync()
     time.sleep(1.5)  # completion polls catch up (NCCL)
@@ -95,7 +95,7 @@ def main() -> None:
     res["ring"] = {"records": int(len(recs)), "in_flight": len(snap.open_records()),
                    "last_seq": snap.last_seq(g.name) if g else None, "tracked": g.tracked if g else None}
     res["torch_seq"] = int(pg._get_sequence_number_for_group())
-    res["recorder_warned"] = bool(getattr(recorder.active(), "warned", False))
+    res["recorder_warned"] = bool(getattr(installation.active(), "warned", False))
     dtwatch.uninstall()
     dist.destroy_process_group()
     with open(OUT, "w") as f:

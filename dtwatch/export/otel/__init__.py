@@ -39,7 +39,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the installation
         f"dtwatch.export.otel needs the OpenTelemetry SDK and OTLP exporters ({_exc}): pip install 'dtwatch[otel]'"
     ) from _exc
 
-from dtwatch.export.otel.config import (
+from dtwatch.export.otel.exporter import OtelExporter
+from dtwatch.export.otel.otel_config import (
     OtelConfigError,
     OtlpConfig,
     SignalTarget,
@@ -47,7 +48,6 @@ from dtwatch.export.otel.config import (
     parse_resource_attributes,
     resolve_config,
 )
-from dtwatch.export.otel.exporter import OtelExporter
 from dtwatch.export.otel.sampling import SpanSampling
 from dtwatch.export.otel.spans import step_trace_id
 

@@ -12,21 +12,21 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from dtwatch.export.node_metrics import NodeMetrics
-from dtwatch.export.otel.config import (
+from dtwatch.export.otel.failures import ExportHealth, GuardedSpanExporter, SdkLogCapture
+from dtwatch.export.otel.meters import NodeMeters
+from dtwatch.export.otel.otel_config import (
     OtelConfigError,
     make_metric_exporter,
     make_span_exporter,
     otlp_configured,
     resolve_config,
 )
-from dtwatch.export.otel.failures import ExportHealth, GuardedSpanExporter, SdkLogCapture
-from dtwatch.export.otel.meters import NodeMeters
 from dtwatch.export.otel.resource import make_resource
 from dtwatch.export.otel.sampling import SpanSampling
 from dtwatch.export.otel.spans import RankSpans
 
 if TYPE_CHECKING:
-    from dtwatch.diagnose.state import RankState
+    from dtwatch.diagnose.rank_state import RankState
     from dtwatch.export.nvml import GpuSampler
     from dtwatch.export.view import NodeView
 

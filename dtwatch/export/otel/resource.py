@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.version import __version__ as sdk_version
 
-from dtwatch.export.otel.config import OtlpConfig
+from dtwatch.export.otel.otel_config import OtlpConfig
 
 SCOPE = "dtwatch"  # instrumentation scope of every tracer and meter
 

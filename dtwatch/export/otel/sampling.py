@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dtwatch.export.otel.config import OtelConfigError
+from dtwatch.export.otel.otel_config import OtelConfigError
 
 
 @dataclass(kw_only=True)

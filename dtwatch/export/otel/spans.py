@@ -38,7 +38,7 @@ from dtwatch.export.otel.sampling import SpanSampling, StepStride, TokenBucket, 
 from dtwatch.ring import DTYPES, FLAG_ASYNC, FLAG_MARKER, OPS, RECORD_DTYPE, STATUS_ERROR, RankSnapshot, Record
 
 if TYPE_CHECKING:
-    from dtwatch.diagnose.state import RankState
+    from dtwatch.diagnose.rank_state import RankState
     from dtwatch.export.view import NodeView
 
 MAX_OPEN_STEPS = 16  # step spans remembered per rank (open, or closed but parent of late children)

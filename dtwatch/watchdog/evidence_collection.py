@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 
 from dtwatch import paths
+from dtwatch.bundle.files import Bundle, summarize_flight_record
 from dtwatch.diagnose import FileEvidence, Finding, diagnose
 from dtwatch.diagnose.evidence import main_thread_frames
-from dtwatch.diagnose.state import RankState
-from dtwatch.report.bundle import Bundle, summarize_flight_record
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring import request_dump
 from dtwatch.watchdog.incident import Incident, IncidentEvidence
 from dtwatch.watchdog.stacks import StackDump, faulthandler_dump, process_ending, pyspy_dump
@@ -149,12 +149,12 @@ def write_reports(incident: Incident, bundle: Bundle, findings: tuple[Finding, .
     """The timeline and the human report, with what the evidence concluded."""
     states = list(incident.states)
     try:
-        from dtwatch.report.timeline import render_svg
+        from dtwatch.render.timeline import render_svg
 
         bundle.add_text(paths.BUNDLE_TIMELINE, render_svg(states, list(findings), now=incident.detected))
     except Exception as exc:  # noqa: BLE001
         log.debug("dtwatch: timeline failed: %r", exc)
-    from dtwatch.report.text import render_text
+    from dtwatch.render.report_text import render_text
 
     bundle.add_text(paths.BUNDLE_REPORT, render_text(list(findings), states, now=incident.detected,
                                                      bundle_dir=str(bundle.path), verdict=incident.verdict))

@@ -65,7 +65,7 @@ def _candidates(loader: Any) -> list[Any]:
 
 def describe_loader(loader: Any, training: bool) -> dict[str, Any]:
     """The facts of one DataLoader at the start of an epoch (JSON-ready; keys documented in
-    :mod:`dtwatch.record.setup_facts`)."""
+    :mod:`dtwatch.record.setup_probe`)."""
     dataset = getattr(loader, "dataset", None)
     iterable = isinstance(dataset, IterableDataset)
     candidates = _candidates(loader)

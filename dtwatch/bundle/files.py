@@ -6,7 +6,7 @@ Layout (``<run dir>/incidents/<incident id>/<node>/``)::
     findings.json         the findings as diagnosed and sent (written first, within the stall window + a poll)
     evidence.json         what the evidence added: the findings made again with it, the files (written last)
     report.txt            the human report (findings first, then per-rank state, then evidence)
-    ranks/rank-00001.json the rank's state (dtwatch.diagnose.state.RankState) at detection
+    ranks/rank-00001.json the rank's state (dtwatch.diagnose.rank_state.RankState) at detection
     rings/rank-00001.ring a copy of the rank's ring
     stacks/rank-00001.txt py-spy (Python + native) or faulthandler stacks; .json with py-spy's JSON
     fr/rank-00001.pkl     torch's Flight Recorder dump; fr/rank-00001.json a readable summary
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from dtwatch import paths
+from dtwatch.bundle.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.diagnose import Finding
 from dtwatch.diagnose.flight import summarize_entry
-from dtwatch.diagnose.state import RankState
-from dtwatch.report.safe_pickle import UnsafePickleError, load_plain
+from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring.reader import IO_ERROR, InputProblem
 
 log = logging.getLogger("dtwatch")

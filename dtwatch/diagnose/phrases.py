@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from dtwatch.diagnose.evidence import Evidence
-from dtwatch.diagnose.state import CPP_OP, Call
+from dtwatch.diagnose.rank_state import CPP_OP, Call
 
 if TYPE_CHECKING:
     from dtwatch.diagnose.align import Parting, Token

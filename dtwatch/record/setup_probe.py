@@ -15,7 +15,7 @@ background thread (the training thread only updates the document). The document 
               NCCL_MULTI_RANK_GPU_ENABLE, hostid: NCCL_HOSTID}
     wraps     per DDP/FSDP wrap line: {kind, site, group, calls, params, trainable, dtypes, policy, t}
               (sums over the calls at that line; group: the process group or mesh it shards over)
-    loaders   per DataLoader slot of the ring's loader table: what dtwatch.record.samplers says at the
+    loaders   per DataLoader slot of the ring's loader table: what dtwatch.record.data_samplers says at the
               latest epoch noted (the first EPOCHS_KEPT, then any that changes it), plus iters (epochs
               started), epochs ([seed, epoch] of the sampler at each epoch noted), fp ({iteration:
               fingerprint of its first batch}, the first FINGERPRINTS_KEPT epochs), dsig (dataset signature);
@@ -45,8 +45,8 @@ import torch.distributed as dist
 
 from dtwatch.config import Config
 from dtwatch.record.callsite import LIBRARY, USER, classify_file, site_file
+from dtwatch.record.data_samplers import describe_loader, training_now
 from dtwatch.record.fingerprint import BackgroundWorker, dataset_signature, fingerprint
-from dtwatch.record.samplers import describe_loader, training_now
 from dtwatch.ring import EXIT, EXIT_CLEAN, EXIT_RUNNING, OFF_EXIT, RingWriter, ring_filename
 from dtwatch.ring.layout import FACTS_CAPACITY
 from dtwatch.ring.setup_facts import encode_facts, write_facts
@@ -63,7 +63,7 @@ _STABLE_FACTS = ("sampler", "dist", "srank", "sreplicas", "shuffle", "drop_last"
 
 
 class SetupHost(Protocol):
-    """What the setup facts use of the recorder (:class:`dtwatch.record.state.Recorder`), and all they use."""
+    """What the setup facts use of the recorder (:class:`dtwatch.record.recorder.Recorder`), and all they use."""
 
     @property
     def config(self) -> Config: ...

@@ -4,8 +4,8 @@ from __future__ import annotations
 import time
 
 from dtwatch.diagnose import Finding, fmt_ranks, fmt_site, with_source
-from dtwatch.diagnose.state import RankState
-from dtwatch.diagnose.text import verb
+from dtwatch.diagnose.phrases import verb
+from dtwatch.diagnose.rank_state import RankState
 
 DAMAGED_INPUT = "damaged_input"
 """The kind of a warning naming a damaged input file (see :mod:`dtwatch.report.analyze`); its ``ranks`` are those

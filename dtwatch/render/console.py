@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from dtwatch.diagnose import Finding, fmt_ranks
-from dtwatch.diagnose.state import CPP_OP, RankState
+from dtwatch.diagnose.rank_state import CPP_OP, RankState
 
 CRASH, STALL = "crash", "stall"
 PREFIX = "dtwatch: "

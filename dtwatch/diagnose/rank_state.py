@@ -111,7 +111,7 @@ class RankState:
     ring_path: str = ""
     step_times: list[float] = field(default_factory=list)  # recent step marker times
     step_seqs: list[int] = field(default_factory=list)  # the default group's seq at those steps
-    setup: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.record.setup_facts)
+    setup: dict = field(default_factory=dict)  # the rank's setup facts (dtwatch.record.setup_probe)
     exit_code: int = 0  # the status an exit call gave (sys.exit(n), os._exit(n)); 0 otherwise
     # Where the state comes from: "" a dtwatch ring; "flight_recorder" torch's own Flight Recorder dump of a job
     # that ran without dtwatch (dtwatch.diagnose.fr_states): no pid, host, liveness, stack, steps or loaders.

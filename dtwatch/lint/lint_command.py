@@ -1,7 +1,7 @@
 """``dtwatch lint``: the command-line face of :mod:`dtwatch.lint.checker`.
 
 The main CLI registers the verb with ``add_lint_parser(subparsers)`` (which sets ``func=run_lint``);
-``python -m dtwatch.lint.cli PATH...`` runs the same check on its own.
+``python -m dtwatch.lint.lint_command PATH...`` runs the same check on its own.
 """
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dtwatch.lint.cli PATH... [--json] [--select CODES] [--ignore CODES]``."""
+    """``python -m dtwatch.lint.lint_command PATH... [--json] [--select CODES] [--ignore CODES]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m dtwatch.lint.cli",
+        prog="python -m dtwatch.lint.lint_command",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

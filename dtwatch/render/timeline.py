@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from dtwatch.diagnose import Finding
-from dtwatch.diagnose.state import RankState
+from dtwatch.diagnose.rank_state import RankState
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 CULPRIT, WAITING = "#d62728", "#ff7f0e"
