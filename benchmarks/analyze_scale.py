@@ -244,7 +244,8 @@ def names_culprit(findings: list[dict], culprit: int, expect: dict) -> bool:
 
 def time_in_process(run_dir: Path, profile: int) -> dict:
     """analyze([dir]) end to end, plus a breakdown of its parts (timed separately, after it)."""
-    from dtwatch.diagnose import FileEvidence, diagnose
+    from dtwatch.bundle.file_evidence import FileEvidence
+    from dtwatch.diagnose import diagnose
     from dtwatch.diagnose.rank_state import from_snapshot
     from dtwatch.report import analyze as an
     from dtwatch.ring import read_ring

@@ -333,9 +333,9 @@ class SimNode:
 
     def _diagnose(self, now: float) -> None:
         """What the watchdog does every poll with its ranks and the others'."""
+        from dtwatch.bundle.file_evidence import FileEvidence
         from dtwatch.bundle.files import incident_id
         from dtwatch.diagnose import (
-            FileEvidence,
             diagnose,
             entry_lags,
             straggler_warning,

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dtwatch.config import Config, ConfigError
 from dtwatch.ring import RankSnapshot, Record, RingFormatError, Site, find_rings, read_ring, read_rings
-
-__version__ = "0.1.0"
+from dtwatch.version import __version__
 
 
 def install(**options):

@@ -9,7 +9,7 @@ try:
     from dtwatch.config import enabled as _enabled
 
     if _enabled():
-        from dtwatch import install as _install
+        from dtwatch.record.installation import install as _install
 
         _install()
 except Exception as _exc:  # noqa: BLE001 - an import in a training script must not fail

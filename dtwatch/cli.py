@@ -17,6 +17,7 @@ from typing import Any
 
 from dtwatch.config import WATCH_OPTIONS, ConfigError, Option, WatchOptions
 from dtwatch.paths import EXIT_FAILED_FAST, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from dtwatch.version import __version__
 
 EPILOG = (f"Documentation: README.md (quickstart, metrics, runbook). Exit codes: {EXIT_OK} ok, {EXIT_FOUND} problem "
           f"found, {EXIT_USAGE} usage error, {EXIT_FAILED_FAST} hung job ended by --fail-fast; `run` otherwise exits "
@@ -135,6 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from dtwatch.bundle.file_evidence import FileEvidence
     from dtwatch.render.report_text import render_text
     from dtwatch.render.timeline import render_html, render_svg
     from dtwatch.report.analyze import analyze
@@ -150,7 +152,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings,
                        verdict=result.verdict, live_warnings=result.live_warnings,
-                       dumps=result.dumps.to_dict() if result.dumps is not None else None)
+                       dumps=result.dumps.to_dict() if result.dumps is not None else None, evidence=FileEvidence())
     if args.svg or args.html:
         svg = render_svg(result.states, result.findings, now=result.now)
         if args.svg:
@@ -182,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "which collective, which line.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"dtwatch {__import__('dtwatch').__version__}")
+    parser.add_argument("--version", action="version", version=f"dtwatch {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 

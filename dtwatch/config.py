@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dtwatch import paths
+import dtwatch.paths as paths
 
 log = logging.getLogger("dtwatch")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 import time
 
+from dtwatch.bundle.process_endings import main_thread_frames_of, process_ending
 from dtwatch.diagnose.phrases import fmt_ranks, trim, verb
 from dtwatch.diagnose.source import innermost_loop, loops
 from dtwatch.lint.checker import rank_branches
-from dtwatch.watchdog.stacks import ending_files, main_thread_frames_of, process_ending
+from dtwatch.paths import ending_files
 
 REASON = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
           "[127.0.0.1]:29500. This is typically caused by a peer process exiting, for example because it "

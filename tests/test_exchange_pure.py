@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dtwatch.diagnose import FileEvidence, RecordedEvidence, ViewSample, diagnose, diagnose_fixture
+from dtwatch.bundle.file_evidence import FileEvidence
+from dtwatch.diagnose import RecordedEvidence, ViewSample, diagnose, diagnose_fixture
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.report.capture import load_fixture
 from dtwatch.watchdog.aggregate import (

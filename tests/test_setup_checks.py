@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
+from dtwatch.bundle.file_evidence import FileEvidence
 from dtwatch.config import Config
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.setup import (
@@ -64,7 +65,7 @@ EXPECTED = {
 def test_each_recorded_mistake_gives_its_one_warning_with_ranks_and_line(name):
     states, now = recorded(name)
     check, kind, ranks, marker = EXPECTED[name]
-    found = setup_warnings(states, now)
+    found = setup_warnings(states, now, FileEvidence())  # reads the worker script for the line
     assert [f.details["check"] for f in found] == [check], [f.summary for f in found]
     f = found[0]
     assert f.kind == kind and f.severity == "warning" and f.ranks == ranks and f.site is not None
@@ -109,7 +110,7 @@ def test_which_same_data_evidence_names_the_cause():
 
 
 def test_not_distributed_names_the_world_and_the_step_line():
-    f = setup_warnings(*recorded("not_distributed"))[0]
+    f = setup_warnings(*recorded("not_distributed"), FileEvidence())[0]  # the step line read from the script
     assert "WORLD_SIZE=2" in f.summary and "without a process group" in f.summary
     assert "opt.step()" in f.summary and f.details["world"] == 2
     assert all(n >= 1 for n in f.details["steps"].values())
@@ -141,7 +142,7 @@ def test_same_device_when_two_local_ranks_share_a_gpu_uuid():
     f = same_device(states, now)
     assert f is not None and f.ranks == [0, 1] and f.kind == "same_device"
     assert "cuda:0 (GPU-aaaa)" in f.summary and "LOCAL_RANK" in f.summary
-    assert f.site == {"file": "train.py", "line": 12, "function": "main", "source": ""}
+    assert f.site == {"file": "train.py", "line": 12, "function": "main"}  # no evidence given: no source text
 
 
 def test_same_device_is_quiet_for_distinct_gpus_cpu_and_other_hosts():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from dtwatch import paths
+from dtwatch.bundle.file_evidence import FileEvidence
 from dtwatch.bundle.files import Bundle, bundle_findings
-from dtwatch.diagnose import Diagnosis, FileEvidence, Finding, diagnose
+from dtwatch.diagnose import Diagnosis, Finding, diagnose
 from dtwatch.report.analyze import analyze
 from dtwatch.report.capture import load_fixture
 from dtwatch.watchdog.evidence_collection import collect_evidence

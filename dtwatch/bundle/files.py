@@ -35,7 +35,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.bundle.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.diagnose import Finding
 from dtwatch.diagnose.flight import summarize_entry

@@ -37,7 +37,7 @@ from typing import Any
 
 from dtwatch.diagnose.decide import classify as _classify
 from dtwatch.diagnose.decide import exit_findings as _exit_findings
-from dtwatch.diagnose.evidence import Evidence, FileEvidence, RecordedEvidence, ViewSample
+from dtwatch.diagnose.evidence import Evidence, RecordedEvidence, ViewSample
 from dtwatch.diagnose.loaders import loader_evidence, uneven_loader_warnings
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
 from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, trim, with_source
@@ -47,7 +47,7 @@ from dtwatch.diagnose.silent import silent_desyncs
 from dtwatch.diagnose.straggler import EntryLags, entry_lags, straggler_warning
 
 __all__ = [
-    "Diagnosis", "Evidence", "EntryLags", "FileEvidence", "Finding", "KINDS", "Kind", "PEER_ERRORS",
+    "Diagnosis", "Evidence", "EntryLags", "Finding", "KINDS", "Kind", "PEER_ERRORS",
     "Position", "RecordedEvidence", "STALL", "StallCheck", "ViewSample", "WARNING", "check_stall", "classify",
     "cpp_blocked_call", "diagnose", "diagnose_fixture", "entry_lags", "exit_findings", "fmt_ranks",
     "fmt_site", "loader_evidence", "positions", "settle_completed", "silent_desyncs", "straggler_warning", "trim",
@@ -74,7 +74,7 @@ def diagnose(states: list[RankState], now: float, window: float, evidence: Evide
     stalled when some rank is blocked and nothing progressed for ``window`` seconds; with
     ``assume_stalled`` (a post-mortem of a bundle or a dead job) any blocked rank counts.
     """
-    ev = evidence or FileEvidence()
+    ev = evidence or Evidence()  # knows nothing: no source lines, stacks or dumps
     if not states:
         return Diagnosis(False, [], None, now)
     check = check_stall(states, now, window, heartbeat_stale)
@@ -103,12 +103,12 @@ def _mark_ended(findings: list[Finding], states: list[RankState]) -> list[Findin
 
 def classify(states: list[RankState], check: StallCheck, now: float, evidence: Evidence | None = None) -> list[Finding]:
     """Explain a stall that ``check`` found."""
-    return _mark_ended(_classify(states, check, now, evidence or FileEvidence()), states)
+    return _mark_ended(_classify(states, check, now, evidence or Evidence()), states)
 
 
 def exit_findings(states: list[RankState], now: float, evidence: Evidence | None = None) -> list[Finding]:
     """Ranks that ended while others still need them (no window)."""
-    return _mark_ended(_exit_findings(states, now, evidence or FileEvidence()), states)
+    return _mark_ended(_exit_findings(states, now, evidence or Evidence()), states)
 
 
 def diagnose_fixture(fixture: object) -> list[Finding]:

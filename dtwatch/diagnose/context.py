@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Iterable
 
+from dtwatch.code_paths import is_user_file
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.exits import Told, tell
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
@@ -15,7 +16,6 @@ from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.phrases import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
-from dtwatch.record.callsite import is_user_file
 
 P2P = ("send", "recv", "isend", "irecv")
 MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
@@ -44,7 +44,7 @@ class Context:
                  evidence: Evidence) -> None:
         self.states, self.pos, self.onset, self.now, self.ev = states, pos, onset, now, evidence
         self.by_rank = {s.rank: s for s in states}
-        self.loaders = loader_evidence(states)
+        self.loaders = loader_evidence(states, evidence)
         self.steps = {s.rank: s.step for s in states}
         self.world = max((s.world_size for s in states), default=0)  # the job's world size, as the ranks report it
         self._fr_mappings: dict = {}

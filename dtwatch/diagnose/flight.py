@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dtwatch.code_paths import INTERNAL, USER, classify_file
 from dtwatch.ops import P2P_NAMES
-from dtwatch.record.callsite import INTERNAL, USER, classify_file
 
 SEQ, OP_ID = "seq", "op_id"  # summary keys of collective_seq_id and op_id
 _OFFSETS = (0, -1, 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.rank_state import RankState
@@ -67,7 +68,7 @@ def fewer_than_batches(per_rank: dict[int, dict]) -> bool:
                for ld in per_rank.values())
 
 
-def loader_evidence(states: list[RankState]) -> list[dict]:
+def loader_evidence(states: list[RankState], ev: Evidence | None = None) -> list[dict]:
     """DataLoaders (see :func:`loader_key`) whose latest lengths differ across ranks and whose loop issues
     collectives on some rank (or whose rings do not say: written before that was recorded)."""
     by_key: dict[tuple, dict[int, dict]] = defaultdict(dict)
@@ -89,9 +90,9 @@ def loader_evidence(states: list[RankState]) -> list[dict]:
         some = next(iter(per_rank.values()))
         made = next((ld["made_site"] for ld in per_rank.values() if ld.get("made_site")), None)
         out.append({
-            "site": with_source(some.get("site")),
-            "user_site": with_source(some["user_site"]) if some.get("user_site") else None,
-            "made_site": with_source(made) if made else None,
+            "site": with_source(some.get("site"), ev),
+            "user_site": with_source(some["user_site"], ev) if some.get("user_site") else None,
+            "made_site": with_source(made, ev) if made else None,
             "lengths": {str(r): n for r, n in sorted(lengths.items())},
             "short_ranks": sorted(r for r, n in lengths.items() if n == shortest),
             "long_ranks": sorted(r for r, n in lengths.items() if n != shortest),
@@ -100,11 +101,11 @@ def loader_evidence(states: list[RankState]) -> list[dict]:
     return out
 
 
-def loader_place(ld: dict) -> str:
+def loader_place(ld: dict, ev: Evidence | None = None) -> str:
     """Where a loader is iterated: the user's line, and the library's loop it goes through."""
     if ld.get("user_site"):
-        return f"{fmt_site(ld['user_site'])} (iterated in {fmt_site(ld['site'])})"
-    return fmt_site(ld["site"])
+        return f"{fmt_site(ld['user_site'], ev)} (iterated in {fmt_site(ld['site'], ev)})"
+    return fmt_site(ld["site"], ev)
 
 
 def _issued_text(issued: dict[str, int]) -> str:
@@ -115,15 +116,15 @@ def _issued_text(issued: dict[str, int]) -> str:
     return ", ".join(f"{n} on {fmt_ranks(sorted(rs))}" for n, rs in sorted(by_count.items()))
 
 
-def uneven_loader_warnings(states: list[RankState], now: float) -> list[Finding]:
+def uneven_loader_warnings(states: list[RankState], now: float, ev: Evidence | None = None) -> list[Finding]:
     out = []
-    for ld in loader_evidence(states):
-        made = f" made at {fmt_site(ld['made_site'])}" if ld.get("made_site") else ""
+    for ld in loader_evidence(states, ev):
+        made = f" made at {fmt_site(ld['made_site'], ev)}" if ld.get("made_site") else ""
         issued = ld.get("issued")
         why = f" and its loop issues collectives (while it ran: {_issued_text(issued)})" if issued else ""
         out.append(Finding(
             kind=Kind.UNEVEN_ITERATIONS, severity=WARNING, ranks=ld["short_ranks"],
-            summary=f"DataLoader{made} iterated at {loader_place(ld)} has different lengths across ranks "
+            summary=f"DataLoader{made} iterated at {loader_place(ld, ev)} has different lengths across ranks "
                     f"{ld['lengths']}{why}: {fmt_ranks(ld['short_ranks'])} will leave the loop early and the others "
                     "will hang in their next collective in it (use DistributedSampler with the same drop_last "
                     "everywhere, or the Join context manager)",

@@ -17,34 +17,24 @@ from dtwatch.diagnose.rank_state import CPP_OP, Call
 if TYPE_CHECKING:
     from dtwatch.diagnose.align import Parting, Token
 
-_EVIDENCE = Evidence()
+_KNOWS_NOTHING = Evidence()  # answers "not known": no source text, paths as recorded
 
 
 def with_source(site: dict | None, evidence: Evidence | None = None) -> dict | None:
-    """The site plus the text of its line, when the source is readable."""
+    """The site plus the text of its line, when ``evidence`` can read the source."""
     if not site:
         return site
     out = dict(site)
-    if not out.get("source"):
-        ev = evidence or _default_evidence()
-        out["source"] = ev.line(str(site.get("file", "")), int(site.get("line", 0) or 0))
+    if not out.get("source") and evidence is not None:
+        out["source"] = evidence.line(str(site.get("file", "")), int(site.get("line", 0) or 0))
     return out
-
-
-def _default_evidence() -> Evidence:
-    from dtwatch.diagnose.evidence import FileEvidence
-
-    global _EVIDENCE
-    if type(_EVIDENCE) is Evidence:
-        _EVIDENCE = FileEvidence()
-    return _EVIDENCE
 
 
 def fmt_site(site: dict | None, evidence: Evidence | None = None) -> str:
     if not site:
         return "an unknown line"
     path = str(site.get("file"))
-    shown = (evidence or _default_evidence()).display_path(path)
+    shown = (evidence or _KNOWS_NOTHING).display_path(path)
     text = f"{shown}:{site.get('line')}" + (f" in {site['function']}" if site.get("function") else "")
     src = site.get("source")
     return f"{text} `{src}`" if src else text

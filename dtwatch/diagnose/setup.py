@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.loaders import loader_key
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
@@ -91,7 +92,7 @@ def _deviants(values: dict[int, Any]) -> list[int]:
 # ---------------------------------------------------------------------------------------------------
 # the checks
 # ---------------------------------------------------------------------------------------------------
-def not_distributed(states: list[RankState], now: float) -> Finding | None:
+def not_distributed(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
     alone = [(s, s.setup["no_pg"]) for s in states if isinstance(s.setup.get("no_pg"), dict)]
     alone = [(s, f) for s, f in alone if int(f.get("world") or s.world_size or 1) > 1]
     if not alone:
@@ -99,18 +100,18 @@ def not_distributed(states: list[RankState], now: float) -> Finding | None:
     ranks = [s.rank for s, _ in alone]
     first = alone[0][1]
     world = int(first.get("world") or alone[0][0].world_size)
-    site = with_source(first.get("site"))
+    site = with_source(first.get("site"), ev)
     return _finding(
         Kind.NOT_DISTRIBUTED, "not_distributed", ranks,
         f"{fmt_ranks(ranks)} of WORLD_SIZE={world} {'runs' if len(ranks) == 1 else 'run'} optimizer steps at "
-        f"{fmt_site(site)} without a process group (init_process_group was never called): every rank trains "
+        f"{fmt_site(site, ev)} without a process group (init_process_group was never called): every rank trains "
         "alone on its own copy of the model and nothing is averaged across ranks; initialise torch.distributed "
         "(with Accelerate on CPU, launch with --cpu or ACCELERATE_USE_CPU=1)",
         site, now, ranks, world=world, steps={str(s.rank): int(f.get("steps", 0)) for s, f in alone},
     )
 
 
-def same_device(states: list[RankState], now: float) -> Finding | None:
+def same_device(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
     users: dict[tuple, list[tuple[int, dict]]] = defaultdict(list)
     for s in states:
         d = s.setup.get("device")
@@ -134,10 +135,10 @@ def same_device(states: list[RankState], now: float) -> Finding | None:
     ranks = [r for r, _ in group]
     device = group[0][1]
     host = by_rank[ranks[0]].host
-    site = next((with_source(d.get("site")) for _, d in reversed(group) if d.get("site")), None)
+    site = next((with_source(d.get("site"), ev) for _, d in reversed(group) if d.get("site")), None)
     name = f"{device.get('type')}:{device.get('index')}" + (f" ({device['uuid']})" if device.get("uuid") else "")
     local = {str(r): by_rank[r].local_rank for r in ranks}
-    how = f", set at {fmt_site(site)}" if site else ""
+    how = f", set at {fmt_site(site, ev)}" if site else ""
     # What the host has: only a count the ranks saw says whether other GPUs stand idle.
     on_host = [d for key, v in users.items() if key[0] == host for _, d in v]
     counts = {d["count"] for d in on_host if isinstance(d.get("count"), int)}
@@ -172,12 +173,12 @@ def sharing_on_purpose(ranks: list[RankState]) -> bool:
     return all(hostids) and len(set(hostids)) == len(hostids)
 
 
-def same_data(states: list[RankState], now: float) -> Finding | None:
+def same_data(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
     for per_rank in loader_facts(states).values():
         if len(per_rank) < 2:
             continue
-        site = with_source(next((st for _, st in per_rank.values() if st), None))
-        where = f"the DataLoader at {fmt_site(site)}"
+        site = with_source(next((st for _, st in per_rank.values() if st), None), ev)
+        where = f"the DataLoader at {fmt_site(site, ev)}"
         # Distributed samplers built with the same rank draw the same indices.
         sranks = {r: f.get("srank") for r, (f, _) in per_rank.items() if f.get("dist") and f.get("srank") is not None}
         for srank, ranks in _by_value(sranks).items():
@@ -241,7 +242,7 @@ def _sampler_epochs(state: RankState) -> dict[int, tuple[set[tuple], bool]]:
     return out
 
 
-def same_shuffle(states: list[RankState], now: float) -> Finding | None:
+def same_shuffle(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
     """A shuffling DistributedSampler that stays at one epoch. Judged per sampler, over every line that
     iterates it: a peek at the first batch before ``set_epoch`` (the tutorials' ``next(iter(loader))``)
     sees the previous epoch at each epoch's start, but the loop after it sees the new one."""
@@ -265,11 +266,11 @@ def same_shuffle(states: list[RankState], now: float) -> Finding | None:
         if stale:
             ranks = sorted(stale)
             f0 = stale[ranks[0]]
-            site = with_source(per_rank[ranks[0]][1])
+            site = with_source(per_rank[ranks[0]][1], ev)
             seed, epoch = (f0.get("epochs") or [[None, None]])[-1]
             return _finding(
                 Kind.SAME_SHUFFLE, "same_shuffle", ranks,
-                f"the {f0.get('sampler')} (shuffle=True) of the DataLoader at {fmt_site(site)} stayed at epoch "
+                f"the {f0.get('sampler')} (shuffle=True) of the DataLoader at {fmt_site(site, ev)} stayed at epoch "
                 f"{epoch} for {f0.get('iters')} epochs on {fmt_ranks(ranks)}: sampler.set_epoch(epoch) is never "
                 "called, so every epoch visits the data in the same order; call it before each epoch",
                 site, now, [r for r, (f, _) in per_rank.items() if int(f.get("iters") or 0) >= 2],
@@ -277,14 +278,14 @@ def same_shuffle(states: list[RankState], now: float) -> Finding | None:
     return None
 
 
-def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
+def drop_last_differs(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
     for key, per_rank in loader_facts(states).items():
         values = {r: tuple(f.get("drop_last") or ()) for r, (f, _) in per_rank.items()}
         if len(set(values.values())) < 2:
             continue
         dropping = sorted(r for r, v in values.items() if any(v))
         ranks = dropping or sorted(values)
-        site = with_source(next((st for _, st in per_rank.values() if st), None))
+        site = with_source(next((st for _, st in per_rank.values() if st), None), ev)
         shown = {r: f"DataLoader {_show(v[0] if v else None)}" + (f", sampler {_show(v[1])}" if len(v) > 1 and
                                                                   v[1] is not None else "")
                  for r, v in values.items()}
@@ -292,7 +293,7 @@ def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
                    if loader_key(ld) == key}
         return _finding(
             Kind.UNEVEN_ITERATIONS, "drop_last", ranks,
-            f"the DataLoader at {fmt_site(site)} has different drop_last settings across ranks "
+            f"the DataLoader at {fmt_site(site, ev)} has different drop_last settings across ranks "
             f"(drop_last: {_fmt_values(shown)}): whenever the data does not divide evenly the ranks that drop "
             "the last batch leave the loop early and the others hang in their next collective; use the same "
             "drop_last (DataLoader and DistributedSampler) on every rank",
@@ -301,7 +302,8 @@ def drop_last_differs(states: list[RankState], now: float) -> Finding | None:
     return None
 
 
-def config_divergence(states: list[RankState], now: float, settle: float = SETTLE_S) -> Finding | None:
+def config_divergence(states: list[RankState], now: float, ev: Evidence | None = None,
+                      settle: float = SETTLE_S) -> Finding | None:
     reporting = [s for s in states if s.setup]
     if len(reporting) < 2:
         return None
@@ -324,12 +326,12 @@ def config_divergence(states: list[RankState], now: float, settle: float = SETTL
                              ("dtypes", "parameter dtypes"), ("policy", "mixed-precision policy")):
             values = {r: w.get(field) for r, w in per_rank.items()}
             if len({_show(v) for v in values.values()}) > 1:
-                diffs.append({"what": f"the {label} of the model wrapped by {kind} at {fmt_site(site)}",
+                diffs.append({"what": f"the {label} of the model wrapped by {kind} at {fmt_site(site, ev)}",
                               "values": values, "site": site, "field": field, "group": group})
     if not diffs:
         return None
     ranks = sorted({r for d in diffs for r in _deviants(d["values"])})
-    site = with_source(next((d["site"] for d in diffs if d["site"]), None))
+    site = with_source(next((d["site"] for d in diffs if d["site"]), None), ev)
     parts = [f"{d['what']} ({_fmt_values(d['values'])})" for d in diffs]
     return _finding(
         Kind.CONFIG_DIVERGENCE, "config_divergence", ranks,
@@ -355,7 +357,7 @@ class SetupCheck:
     watchdog_cost: str
     opt_out: str
     limits: str
-    run: Callable[[list[RankState], float], Finding | None]
+    run: Callable[[list[RankState], float, Evidence | None], Finding | None]
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "run"}
@@ -445,11 +447,12 @@ class Hold:
         return out
 
 
-def setup_warnings(states: list[RankState], now: float) -> list[Finding]:
-    """Every setup check's warning for these states (at most one per check)."""
+def setup_warnings(states: list[RankState], now: float, ev: Evidence | None = None) -> list[Finding]:
+    """Every setup check's warning for these states (at most one per check); ``ev`` shows source lines and
+    paths (none without it)."""
     out = []
     for check in CHECKS:
-        f = check.run(states, now)
+        f = check.run(states, now, ev)
         if f is not None:
             out.append(f)
     return out

@@ -285,7 +285,7 @@ def _copy(h: Histogram) -> Histogram:
 
 
 def _version() -> str:
-    from dtwatch import __version__
+    from dtwatch.version import __version__
 
     return __version__
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-import dtwatch
+from dtwatch.code_paths import PACKAGE_DIR
 
 
 class Attachable(Protocol):
@@ -91,7 +91,7 @@ class UnattachedProbe:
             setattr(c10d, self.NAME, self.original)
 
 
-_LIBRARY_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch, dtwatch))
+_LIBRARY_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch,)) + (PACKAGE_DIR,)
 
 
 def _caller_level() -> int:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.exception_text import fit_utf8, raised
 
 log = logging.getLogger("dtwatch")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.config import Config
 from dtwatch.ops import OP_KINDS, bind
 from dtwatch.record.native import choose as choose_native

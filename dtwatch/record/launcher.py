@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.config import OPTIONS
 
 log = logging.getLogger("dtwatch")

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.record.callsite import SiteTable
 from dtwatch.ring import MAIN_STACK_DEPTH, RingWriter
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from dtwatch.diagnose import Finding, fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose import Evidence, Finding, fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.phrases import verb
 from dtwatch.diagnose.rank_state import RankState
 
@@ -14,7 +14,7 @@ it held that no other input holds. These warnings get their own section, first, 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
                 warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0,
-                dumps: dict | None = None) -> str:
+                dumps: dict | None = None, evidence: Evidence | None = None) -> str:
     """``verdict``: what the incident was called ("crash" / "stall"; default stall); ``live_warnings``: how many
     of ``warnings`` (the first ones) the watchdog issued while the job ran; ``damaged_input`` warnings come last;
     ``dumps``: the torch Flight Recorder dumps read (``DumpReport.to_dict()`` of :mod:`dtwatch.report.analyze`)."""
@@ -43,12 +43,12 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         for f in stalls:
             out.append(f"  [{f.kind}] {f.summary}")
             if f.site:
-                out.append(f"      root-cause line: {fmt_site(f.site)}")
+                out.append(f"      root-cause line: {fmt_site(f.site, evidence)}")
             branch = (f.details or {}).get("conditional_line")
             if isinstance(branch, dict) and branch.get("line") != (f.site or {}).get("line"):
-                out.append(f"      under the rank test: {fmt_site(branch)}")
+                out.append(f"      under the rank test: {fmt_site(branch, evidence)}")
             if f.waiting_site and f.waiting_ranks:
-                out.append(f"      others wait at: {fmt_site(f.waiting_site)}")
+                out.append(f"      others wait at: {fmt_site(f.waiting_site, evidence)}")
             if f.onset and not all(s.from_dump for s in states):  # a dump's file time is not the hang's
                 out.append(f"      no progress since {now - f.onset:.1f}s before detection")
         if unread:
@@ -78,7 +78,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         out.append(f"  {fmt_ranks(no_dump)}: no Flight Recorder dump")
     for s in sorted(states, key=lambda s: s.rank):
         if s.from_dump:
-            out.extend(_dumped_rank(s, dumps or {}))
+            out.extend(_dumped_rank(s, dumps or {}, evidence))
             continue
         status = "running" if not s.gone else s.how_it_ended()
         if s.alive and s.heartbeat_age(now) > 5:
@@ -92,9 +92,9 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         call = s.blocking_call()
         if call is not None:
             out.append(f"      inside {call.op} (group {call.group}, seq {call.seq}, {call.fingerprint}) "
-                       f"for {now - call.t_enter:.1f}s from {fmt_site(with_source(call.site))}")
+                       f"for {now - call.t_enter:.1f}s from {fmt_site(with_source(call.site, evidence), evidence)}")
         if s.main_site and not s.gone:
-            out.append(f"      main thread at {fmt_site(with_source(s.main_site))}")
+            out.append(f"      main thread at {fmt_site(with_source(s.main_site, evidence), evidence)}")
         for ld in s.loaders:
             if ld.get("site"):
                 where = f"{ld['site']['file']}:{ld['site']['line']}"
@@ -113,7 +113,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
     return "\n".join(out) + "\n"
 
 
-def _dumped_rank(s: RankState, dumps: dict) -> list[str]:
+def _dumped_rank(s: RankState, dumps: dict, evidence: Evidence | None) -> list[str]:
     """A rank known from its Flight Recorder dump: its groups' numbers and the entries not completed, with torch's
     own state of each (``scheduled``: enqueued; ``started``: running)."""
     out = [f"  rank {s.rank} (Flight Recorder dump {dumps.get('files', {}).get(str(s.rank), '?')}): "
@@ -125,5 +125,6 @@ def _dumped_rank(s: RankState, dumps: dict) -> list[str]:
         what = f"{(e.get('input_dtypes') or ['?'])[0]} {sizes[0]}" if sizes else "no tensor"
         peer = f", peer {e['peer']}" if e.get("peer") is not None else ""
         out.append(f"      in flight: {e['op']} (group {e['group']}, seq {e['seq']}{peer}, {what}) from "
-                   f"{fmt_site(with_source(e.get('site')))}, torch's state {e.get('state')!r}, not completed")
+                   f"{fmt_site(with_source(e.get('site'), evidence), evidence)}, torch's state {e.get('state')!r}, "
+                   "not completed")
     return out

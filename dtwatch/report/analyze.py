@@ -22,9 +22,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtwatch.bundle.file_evidence import FileEvidence
 from dtwatch.bundle.files import read_bundle
+from dtwatch.bundle.process_endings import process_ending
 from dtwatch.diagnose import (
-    FileEvidence,
     Finding,
     diagnose,
     entry_lags,
@@ -41,7 +42,6 @@ from dtwatch.report.events import warnings_in
 from dtwatch.report.fr_dumps import DumpSet, candidates, collector_paused, dump_facts, in_flight, limits, read_dumps
 from dtwatch.ring import RankSnapshot
 from dtwatch.ring.reader import InputProblem, try_read_ring
-from dtwatch.watchdog.stacks import process_ending
 
 INCONSISTENT = "inconsistent"  # a ring whose world size the other rings of its job and restart contradict
 
@@ -229,7 +229,8 @@ def _analyze(paths: list[str], window: float) -> Analysis:
     result_findings = [_unreadable_noted(f, unreadable) for f in result_findings]
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}
-    computed = uneven_loader_warnings(ordered, now) + setup_warnings(ordered, now)
+    files = FileEvidence()  # source lines and paths for the warnings' sentences
+    computed = uneven_loader_warnings(ordered, now, files) + setup_warnings(ordered, now, files)
     strag = straggler_warning(entry_lags([s for s in ordered if not s.from_dump]), now)
     if strag is not None:
         computed.append(strag)

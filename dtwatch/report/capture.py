@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from dtwatch.bundle.files import bundle_findings
+from dtwatch.bundle.process_endings import process_ending
 from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE, is_events_file
 from dtwatch.report.events import warnings_in
 from dtwatch.ring import RingFormatError, find_rings, read_ring
-from dtwatch.watchdog.stacks import process_ending
 
 FORMAT = 1
 DEFAULT_RECENT = 16  # recent calls kept per group (and step markers kept)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.ops import FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P
 
 # struct code -> numpy type of one item ("s": bytes, "x": padding are sized by the field's count).

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.ops import OPS
 from dtwatch.ring.layout import (
     DTYPE_ITEMSIZE,

@@ -45,7 +45,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName  # a NewType of str, in newer torch only
 
-from dtwatch.record.callsite import is_user_file
+from dtwatch.code_paths import is_user_file
 
 BACKEND_NAME = "gloo_async"
 

@@ -15,14 +15,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from dtwatch import paths
+import dtwatch.paths as paths
+from dtwatch.bundle.file_evidence import FileEvidence
 from dtwatch.bundle.files import Bundle, summarize_flight_record
-from dtwatch.diagnose import FileEvidence, Finding, diagnose
+from dtwatch.bundle.process_endings import process_ending
+from dtwatch.diagnose import Finding, diagnose
 from dtwatch.diagnose.evidence import main_thread_frames
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring import request_dump
 from dtwatch.watchdog.incident import Incident, IncidentEvidence
-from dtwatch.watchdog.stacks import StackDump, faulthandler_dump, process_ending, pyspy_dump
+from dtwatch.watchdog.stacks import StackDump, faulthandler_dump, pyspy_dump
 
 log = logging.getLogger("dtwatch")
 
@@ -157,4 +159,5 @@ def write_reports(incident: Incident, bundle: Bundle, findings: tuple[Finding, .
     from dtwatch.render.report_text import render_text
 
     bundle.add_text(paths.BUNDLE_REPORT, render_text(list(findings), states, now=incident.detected,
-                                                     bundle_dir=str(bundle.path), verdict=incident.verdict))
+                                                     bundle_dir=str(bundle.path), verdict=incident.verdict,
+                                                     evidence=FileEvidence()))

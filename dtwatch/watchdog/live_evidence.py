@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dtwatch import paths
+import dtwatch.paths as paths
+from dtwatch.bundle.file_evidence import FileEvidence
 from dtwatch.bundle.files import summarize_flight_record
-from dtwatch.diagnose import FileEvidence, ViewSample
+from dtwatch.bundle.process_endings import process_ending
+from dtwatch.diagnose import ViewSample
 from dtwatch.diagnose.evidence import main_thread_frames
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.ring import request_dump
-from dtwatch.watchdog.stacks import process_ending, pyspy_dump
+from dtwatch.watchdog.stacks import pyspy_dump
 
 EARLY_DUMP_INTERVAL = 60.0
 """At most one early request per this many seconds."""

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.config import WatchOptions
 from dtwatch.diagnose import Finding
 from dtwatch.watchdog.console import show

@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.config import ENV_BOOTSTRAP, OPTIONS, environment_value
 from dtwatch.paths import EXIT_FAILED_FAST
 

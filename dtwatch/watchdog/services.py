@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dtwatch import paths
+import dtwatch.paths as paths
 from dtwatch.config import WatchOptions
 from dtwatch.export.view import NodeView
 

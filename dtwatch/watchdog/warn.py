@@ -24,12 +24,12 @@ class Warnings:
 
     def new(self, states: list[RankState], now: float, straggler: Finding | None, evidence: Evidence) -> list[Finding]:
         """The warnings found now that were not reported before; they count as reported from now on."""
-        found = uneven_loader_warnings(states, now)
+        found = uneven_loader_warnings(states, now, evidence)
         if straggler is not None:
             found.append(straggler)
         found += silent_desyncs(states, now, self.silent_reported, evidence)
         if states:
-            found += self.setup_hold.due(setup_warnings(states, now), now, states[0].world_size)
+            found += self.setup_hold.due(setup_warnings(states, now, evidence), now, states[0].world_size)
         fresh = []
         for f in found:
             key = _key(f)

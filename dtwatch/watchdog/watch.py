@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from dtwatch import __version__, paths
+import dtwatch.paths as paths
 from dtwatch.bundle.files import Bundle, incident_id
 from dtwatch.config import WatchOptions
 from dtwatch.diagnose import Diagnosis, Finding, diagnose, entry_lags
@@ -38,6 +38,7 @@ from dtwatch.diagnose.straggler import StragglerWatch
 from dtwatch.export.view import WatchdogHealth
 from dtwatch.paths import EXIT_FAILED_FAST, EXIT_LOCKED, EXIT_OK
 from dtwatch.render.console import STALL, render_notice, render_warning, verdict
+from dtwatch.version import __version__
 from dtwatch.watchdog.evidence_collection import collect_evidence
 from dtwatch.watchdog.failfast import end_ranks
 from dtwatch.watchdog.incident import Incident, OpenIncident, Step, next_step, onset_of
@@ -234,9 +235,11 @@ class Watchdog:
             # a large job: the other nodes' ranks in states/ are a sample (see dtwatch.diagnose.ViewSample)
             "view_sample": dataclasses.asdict(incident.sample) if incident.sample is not None else None,
         })
+        from dtwatch.bundle.file_evidence import FileEvidence
         from dtwatch.render.report_text import render_text
 
-        bundle.add_text(paths.BUNDLE_REPORT, render_text(findings, states, now=now, verdict=kind))
+        report = render_text(findings, states, now=now, verdict=kind, evidence=FileEvidence())
+        bundle.add_text(paths.BUNDLE_REPORT, report)
         self.incident = OpenIncident(incident)
         self.incidents_total += 1
         for f in findings:

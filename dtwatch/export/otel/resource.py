@@ -13,7 +13,7 @@ SCOPE = "dtwatch"  # instrumentation scope of every tracer and meter
 
 
 def dtwatch_version() -> str:
-    from dtwatch import __version__
+    from dtwatch.version import __version__
 
     return __version__
 
