@@ -264,7 +264,7 @@ def time_in_process(run_dir: Path, profile: int) -> dict:
     snaps = [read_ring(p) for p in paths]
     read_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    states = [from_snapshot(s, local=False) for s in snaps]
+    states = [from_snapshot(s) for s in snaps]
     state_s = time.perf_counter() - t0
     now = max(max(s.heartbeat_time for s in states), max(s.last_activity for s in states))
     run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in states if s.ring_path}

@@ -74,7 +74,7 @@ def main() -> int:
         t0 = time.perf_counter()
         snaps = [read_ring(p) for p in paths]
         t1 = time.perf_counter()
-        states = [from_snapshot(s, local=False) for s in snaps]
+        states = [from_snapshot(s) for s in snaps]
         for s in states:
             s.alive, s.exit_state = True, "running"
         t2 = time.perf_counter()

@@ -25,6 +25,7 @@ import dtwatch
 from dtwatch.diagnose import entry_lags
 from dtwatch.diagnose.rank_state import RankState, from_snapshot
 from dtwatch.export.view import NodeView, WatchdogHealth
+from dtwatch.process_liveness import process_state
 from dtwatch.ring import FLAG_MARKER, RankSnapshot, RingWriter, find_rings, read_ring, ring_filename
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def shared_exp_job(tmp_path_factory: Any) -> ExpJob:
 
 def read_states(run_dir: Path) -> tuple[dict[int, RankSnapshot], list[RankState]]:
     snaps = {s.rank: s for s in (read_ring(p) for p in find_rings(run_dir))}
-    return snaps, [from_snapshot(s) for s in sorted(snaps.values(), key=lambda s: s.rank)]
+    return snaps, [from_snapshot(s, process=process_state(s.pid)) for s in sorted(snaps.values(), key=lambda s: s.rank)]
 
 
 def seq_lags(states: list[RankState]) -> dict[tuple[int, str], int]:

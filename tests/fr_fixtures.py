@@ -84,7 +84,7 @@ def capture(python: str, rank: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="dtwatch-fr-") as tmp:
         run_dir, out = run_worker(python, Path(tmp))
         snap = read_ring(run_dir / f"rank-{rank:05d}.ring")
-        state = from_snapshot(snap, local=False)
+        state = from_snapshot(snap)
         fr = pickle.loads((out / f"rank-{rank}.fr.pkl").read_bytes())
         notes = json.loads((out / f"rank-{rank}.json").read_text())["notes"]
         site_packages = subprocess.run(

@@ -16,6 +16,7 @@ import pytest
 
 from dtwatch.report.analyze import analyze
 from dtwatch.ring import FLAG_MARKER, RingWriter, ring_filename
+from dtwatch.ring.layout import EXIT_EXCEPTION
 from tests.harness import WORKER, assert_rank_conditional_finding, launch, site_line
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -150,20 +151,22 @@ class WriterClock:
         return self.t
 
 
-def write_rings(run_dir: Path, *, odd_rank: int | None, world: int = 4, hang_age: float = 20.0) -> float:
+def write_rings(run_dir: Path, *, odd_rank: int | None, world: int = 4, hang_age: float = 20.0,
+                raised: int | None = None) -> float:
     """``world`` rings: 8 completed all_reduces and step markers each, then every rank in a barrier at
-    SEQ_HANG, except ``odd_rank``, which is in an all_reduce at the same seq from another line.
-    Returns the time the hang started."""
+    SEQ_HANG, except ``odd_rank``, which is in an all_reduce at the same seq from another line, and ``raised``,
+    which ended with an exception before SEQ_HANG. Returns the time the hang started."""
     now = time.time()
     t = now - hang_age - 8 * 0.5
     hang = now - hang_age
     with mock.patch("dtwatch.ring.writer.time", WriterClock(t - 5.0)):  # the processes started before their first call
         for rank in range(world):
-            _write_rank(run_dir, rank, world, odd_rank, t, hang, now)
+            _write_rank(run_dir, rank, world, odd_rank, t, hang, now, raised == rank)
     return hang
 
 
-def _write_rank(run_dir: Path, rank: int, world: int, odd_rank: int | None, t: float, hang: float, now: float) -> None:
+def _write_rank(run_dir: Path, rank: int, world: int, odd_rank: int | None, t: float, hang: float, now: float,
+                raised: bool = False) -> None:
     w = RingWriter(run_dir / ring_filename(rank), rank=rank, local_rank=rank, world_size=world, job_id=run_dir.name,
                    host="node-offline", backend="gloo", capacity=64)
     site_step = w.add_site(TRAIN, LINE_STEP, "train_step")
@@ -181,6 +184,10 @@ def _write_rank(run_dir: Path, rank: int, world: int, odd_rank: int | None, t: f
                        flags=FLAG_MARKER, ntensors=0, numel=0, group_slot=0xFFFF, step=seq)
         w.set_step(seq, te + 0.02)
     stamp += 1
+    if raised:
+        w.set_exit(EXIT_EXCEPTION, 1, "RuntimeError: loss is NaN")
+        w.close()
+        return
     if rank == odd_rank:  # in flight: t_exit stays 0
         w.write_record(stamp, op="all_reduce", seq=SEQ_HANG, t_enter=hang, dtype="float32", shape=(1,),
                        group_slot=slot, site=site_odd, step=SEQ_HANG - 1)
@@ -221,6 +228,20 @@ def test_offline_rings_alone_name_the_rank_in_the_other_collective(tmp_path):
     assert proc.returncode == 1, proc.stderr
     cli = json.loads(proc.stdout)["findings"]
     assert [(c["kind"], c["ranks"], c["seq"], c["site"]["line"]) for c in cli] == [("desync", [2], SEQ_HANG, LINE_ODD)]
+
+
+def test_rings_alone_give_the_incident_its_verdict_as_the_watchdog_would(tmp_path):
+    """No watchdog ran (no bundle): the verdict is decided with the diagnosis, from the rings."""
+    stalled = tmp_path / "stalled-job"
+    write_rings(stalled, odd_rank=2)
+    assert analyze([str(stalled)]).verdict == "stall"
+    crashed = tmp_path / "crashed-job"
+    write_rings(crashed, odd_rank=None, raised=1)
+    result = analyze([str(crashed)])
+    assert [f.ranks for f in result.findings][0] == [1], [f.summary for f in result.findings]
+    assert result.verdict == "crash"
+    proc = dtwatch_cli("analyze", str(crashed), "--json")
+    assert json.loads(proc.stdout)["verdict"] == "crash", proc.stdout
 
 
 def test_offline_rings_all_in_the_same_collective_are_not_a_desync(tmp_path):

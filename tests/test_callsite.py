@@ -114,7 +114,7 @@ def test_version_1_rings_read_user_site_as_site(tmp_path):
 
 def test_state_calls_carry_the_user_site_and_old_dicts_load(tmp_path):
     w, lib, user = _ring(tmp_path)
-    state = from_snapshot(read_ring(w.path), local=False)
+    state = from_snapshot(read_ring(w.path))
     barrier, all_reduce = state.groups["0"].recent
     assert barrier.site["line"] == 10 and barrier.user_site == {"file": "/job/train.py", "line": 42, "function": "main"}
     assert barrier.user_site_key == ("/job/train.py", 42) and barrier.site_key[1] == 10

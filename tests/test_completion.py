@@ -112,7 +112,7 @@ def test_ring_keeps_a_tracked_groups_completions(tmp_path):
     g0, g1 = snap.groups
     assert (g0.tracked, g0.completed_seq) == (False, 0)
     assert (g1.tracked, g1.completed_seq, g1.completed_time, g1.cpp_seq) == (True, 7, 101.0, 9)
-    state = from_snapshot(snap, local=False)
+    state = from_snapshot(snap)
     assert state.groups["1"].tracked and state.groups["1"].completed == 7
     assert state.last_activity >= 101.0
     w.close()

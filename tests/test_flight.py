@@ -148,7 +148,7 @@ def test_watchdog_names_ddp_collectives_from_the_flight_recorder(torchrun):
     job = torchrun("rec_fr.py", 2, env={"DTWATCH_COLLECTIVE_HOOKS": "off"})
     script = str(SCRIPTS / "rec_fr.py")
     for rank in range(2):
-        state = from_snapshot(job.ring(rank), local=False)
+        state = from_snapshot(job.ring(rank))
         notes = job.result(rank)["notes"]
         summary = summarize_flight_record(str(job.out_dir / f"rank-{rank}.fr.pkl"))
         assert summary is not None and summary["entries"]

@@ -599,7 +599,7 @@ def test_call_sites_through_a_library(torchrun, tmp_path):
         # The summary the watchdog reasons about carries both sites, and survives a JSON round trip.
         from dtwatch.diagnose.rank_state import RankState, from_snapshot
 
-        state = from_snapshot(snap, local=False)
+        state = from_snapshot(snap)
         calls = state.groups["0"].recent
         assert [(c.site["line"], c.user_site["line"]) for c in calls] == [(e[1][1], e[2][1]) for e in expected]
         assert calls[1].user_site == {"file": script, "line": user["lib_barrier"], "function": "main"}

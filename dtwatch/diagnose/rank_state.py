@@ -6,7 +6,6 @@ bundle keeps per rank, and what :mod:`dtwatch.diagnose` reasons about. It is der
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -183,26 +182,14 @@ def _site(s: Site | None) -> dict | None:
     return s.to_dict() if s is not None else None
 
 
-def process_state(pid: int) -> tuple[bool, str]:
-    """(alive, /proc state letter) of a local process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-        letter = raw[raw.rindex(")") + 2]
-        return letter not in ("Z", "X"), letter
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-        return True, ""
-    except ProcessLookupError:
-        return False, ""
-    except PermissionError:
-        return True, ""
+UNKNOWN_PROCESS: tuple[bool | None, str] = (None, "")
+"""``process`` of a rank on another machine (or one whose process is not to be asked): alive unknown."""
 
 
-def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECENT_PER_GROUP) -> RankState:
-    """Summarise a ring. ``local``: the process is on this machine, so its liveness can be checked."""
+def from_snapshot(snap: RankSnapshot, *, process: tuple[bool | None, str] = UNKNOWN_PROCESS,
+                  recent: int = RECENT_PER_GROUP) -> RankState:
+    """Summarise a ring. ``process``: (alive, /proc state letter) as the caller read them for a process on its
+    machine (:func:`dtwatch.process_liveness.process_state`); this module reads nothing."""
     # Column-wise: the watchdog runs this for every rank on every poll, so rows are selected by index
     # on single columns (no copies of the 128-byte records) and only the calls kept become Python
     # objects, field by field from ``tolist()`` (the same values ``RankSnapshot.record`` gives).
@@ -280,7 +267,7 @@ def from_snapshot(snap: RankSnapshot, *, local: bool = True, recent: int = RECEN
             complete=unwrapped and len(mine) <= recent,
         )
     open_idx = call_idx[call_exit == 0.0]
-    alive, letter = process_state(snap.pid) if local else (None, "")
+    alive, letter = process
     return RankState(
         rank=snap.rank, local_rank=snap.local_rank, world_size=snap.world_size, host=snap.host,
         pid=snap.pid, job_id=snap.job_id, start_time=snap.start_time, restart_count=snap.restart_count,

@@ -34,9 +34,12 @@ from dtwatch.diagnose import (
     uneven_loader_warnings,
 )
 from dtwatch.diagnose.fr_states import JobFacts, states_from_dumps
-from dtwatch.diagnose.rank_state import RankState, from_snapshot
+from dtwatch.diagnose.rank_state import UNKNOWN_PROCESS, RankState, from_snapshot
 from dtwatch.diagnose.setup import setup_warnings
+from dtwatch.diagnose.verdict import CRASH, STALL
+from dtwatch.diagnose.verdict import verdict as incident_verdict
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, FLIGHT_RECORDS, RING_SUFFIX, is_events_file
+from dtwatch.process_liveness import process_state
 from dtwatch.render.report_text import DAMAGED_INPUT
 from dtwatch.report.events import warnings_in
 from dtwatch.report.fr_dumps import DumpSet, candidates, collector_paused, dump_facts, in_flight, limits, read_dumps
@@ -195,7 +198,8 @@ def _analyze(paths: list[str], window: float) -> Analysis:
     problems.extend(contradicted)
     ring_states: dict[int, RankState] = {}
     for snap in snaps:
-        s = from_snapshot(snap, local=(snap.host == host and "rings" not in Path(snap.path).parts))
+        local = snap.host == host and "rings" not in Path(snap.path).parts
+        s = from_snapshot(snap, process=process_state(snap.pid) if local else UNKNOWN_PROCESS)
         prev = ring_states.get(s.rank)
         if prev is None or s.start_time > prev.start_time:  # the newest process of a restarted rank
             ring_states[s.rank] = s
@@ -214,6 +218,7 @@ def _analyze(paths: list[str], window: float) -> Analysis:
     if not now:
         now = max([s.heartbeat_time for s in ordered] + [s.last_activity for s in ordered], default=0.0)
     result_findings = list(findings.values())
+    ring_verdict = None
     if not result_findings and ordered:
         run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in ordered if s.ring_path}
         starts = {s.rank: s.start_time for s in ordered}
@@ -222,10 +227,11 @@ def _analyze(paths: list[str], window: float) -> Analysis:
             return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
 
         facts = {d.rank: dump_facts(d) for d in dump_set.dumps}
-        result_findings = diagnose(ordered, now, window, FileEvidence(endings=ending, unreadable=set(unreadable),
-                                                                      dump_facts=facts),
-                                   heartbeat_stale=float("inf"),
-                                   assume_stalled=window == 0.0).findings
+        ev = FileEvidence(endings=ending, unreadable=set(unreadable), dump_facts=facts)
+        result = diagnose(ordered, now, window, ev, heartbeat_stale=float("inf"), assume_stalled=window == 0.0)
+        result_findings = result.findings
+        if result_findings and not any(s.from_dump for s in ordered):  # a dump does not say how a process ended
+            ring_verdict = incident_verdict(result_findings, ordered, from_exits=result.ended)
     result_findings = [_unreadable_noted(f, unreadable) for f in result_findings]
     live = live_warnings(event_files)
     issued = {(f.kind, tuple(f.ranks)) for f in live}
@@ -238,7 +244,7 @@ def _analyze(paths: list[str], window: float) -> Analysis:
     warnings = live + [f for f in computed if (f.kind, tuple(f.ranks)) not in issued
                        and (not f.details.get("check") or f.details["check"] not in checked)]
     warnings += [damage_warning(p, unreadable, now) for p in problems]  # last: the live ones stay first
-    verdict = "crash" if "crash" in verdicts else ("stall" if verdicts else None)
+    verdict = CRASH if CRASH in verdicts else (STALL if verdicts else ring_verdict)
     return Analysis(
         result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
         verdict=verdict, live_warnings=len(live), problems=problems, unreadable=unreadable, dumps=dumps,

@@ -45,8 +45,9 @@ from typing import Any
 
 from dtwatch.bundle.files import bundle_findings
 from dtwatch.bundle.process_endings import process_ending
-from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
+from dtwatch.diagnose.rank_state import UNKNOWN_PROCESS, Call, RankState, from_snapshot
 from dtwatch.paths import BUNDLE_FINDINGS, BUNDLE_INDEX, EXIT_OK, EXIT_USAGE, is_events_file
+from dtwatch.process_liveness import process_state
 from dtwatch.report.events import warnings_in
 from dtwatch.ring import RingFormatError, find_rings, read_ring
 
@@ -226,7 +227,7 @@ def read_run_dir(run_dir: Path, *, window: float, now: float | None = None) -> R
             snap = read_ring(path)
         except (OSError, RingFormatError):
             continue
-        s = from_snapshot(snap, local=snap.host == host)
+        s = from_snapshot(snap, process=process_state(snap.pid) if snap.host == host else UNKNOWN_PROCESS)
         if s.rank not in by_rank or s.start_time > by_rank[s.rank].start_time:
             by_rank[s.rank] = s
     states = [by_rank[r].to_dict() for r in sorted(by_rank)]

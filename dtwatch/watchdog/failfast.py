@@ -6,7 +6,7 @@ import logging
 import os
 
 from dtwatch.diagnose.rank_state import RankState
-from dtwatch.render.console import render_fail_fast
+from dtwatch.render.notice import render_fail_fast
 from dtwatch.watchdog.outputs import Outputs
 from dtwatch.watchdog.proctree import Termination, identity, running, terminate_trees, tree
 

@@ -25,7 +25,7 @@ class Incident:
 
     id: str
     verdict: str
-    """``stall`` or ``crash`` (see :func:`dtwatch.render.console.verdict`)."""
+    """``stall`` or ``crash`` (see :func:`dtwatch.render.notice.verdict`)."""
     findings: tuple[Finding, ...]
     """Stall-severity findings, culprits first, as written to ``findings.json`` and sent."""
     states: tuple[RankState, ...]

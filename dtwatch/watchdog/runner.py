@@ -88,7 +88,7 @@ def _conclude(run_dir: str, node: str, command: list[str], code: int, wcode: int
     """One closing line (verdict, exit status, bundle); the diagnosis itself only if the watchdog could
     not show it while the job ran."""
     from dtwatch.diagnose import Finding  # only now: `dtwatch run` starts the command without loading torch
-    from dtwatch.render.console import render_notice
+    from dtwatch.render.notice import render_notice
 
     incidents = _incidents(run_dir, node)
     for event in incidents:

@@ -35,9 +35,11 @@ from dtwatch.config import WatchOptions
 from dtwatch.diagnose import Diagnosis, Finding, diagnose, entry_lags
 from dtwatch.diagnose.rank_state import RankState, from_snapshot
 from dtwatch.diagnose.straggler import StragglerWatch
+from dtwatch.diagnose.verdict import STALL, verdict
 from dtwatch.export.view import WatchdogHealth
 from dtwatch.paths import EXIT_FAILED_FAST, EXIT_LOCKED, EXIT_OK
-from dtwatch.render.console import STALL, render_notice, render_warning, verdict
+from dtwatch.process_liveness import process_state
+from dtwatch.render.notice import render_notice, render_warning
 from dtwatch.version import __version__
 from dtwatch.watchdog.evidence_collection import collect_evidence
 from dtwatch.watchdog.failfast import end_ranks
@@ -155,7 +157,7 @@ class Watchdog:
         """One look at the job; returns True when the watchdog should exit."""
         now = time.time()
         snaps = self.reader.read()
-        local = [from_snapshot(s) for s in snaps.values()]
+        local = [from_snapshot(s, process=process_state(s.pid)) for s in snaps.values()]
         if local:
             self.ever_saw_ranks = True
         new_records = self.reader.take_new_records(snaps)

@@ -1,36 +1,16 @@
-"""What an incident is called, and the few lines the job's console shows about it.
+"""The few lines the job's console shows about an incident and a warning.
 
-The verdict is decided from the evidence (how ranks ended), the wording from the findings' fields; the
-full diagnosis stays in the bundle and ``dtwatch analyze``. Nothing here does I/O.
+The verdict (crash or stall) is decided with the diagnosis (:mod:`dtwatch.diagnose.verdict`); the wording comes
+from the findings' fields; the full diagnosis stays in the bundle and ``dtwatch analyze``. Nothing here does I/O.
 """
 from __future__ import annotations
 
 import os
 
 from dtwatch.diagnose import Finding, fmt_ranks
-from dtwatch.diagnose.rank_state import CPP_OP, RankState
+from dtwatch.diagnose.rank_state import CPP_OP
 
-CRASH, STALL = "crash", "stall"
 PREFIX = "dtwatch: "
-
-
-def ended_abnormally(s: RankState) -> bool:
-    """Raised, exited with an error status, killed by a signal, or vanished without a clean exit."""
-    return s.exit_state in ("exception", "signal") or (s.exit_state == "exited" and s.exit_code != 0) or \
-        (s.alive is False and s.exit_state == "running")
-
-
-def verdict(findings: list[Finding], states: list[RankState], *, from_exits: bool) -> str:
-    """``crash`` when the incident began with a rank ending abnormally; otherwise ``stall``.
-
-    A rank that returned early while the others wait is a stall (they cannot progress); ranks killed
-    later (by the launcher's teardown or by --fail-fast) do not count: this is decided when the
-    incident opens, before dtwatch acts.
-    """
-    if not from_exits:
-        return STALL
-    named = {r for f in findings for r in f.ranks}
-    return CRASH if any(ended_abnormally(s) for s in states if s.rank in named or not named) else STALL
 
 
 def _short(path: str) -> str:
