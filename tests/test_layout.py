@@ -1,13 +1,18 @@
-"""The package's shape: what runs inside a training process never pulls in the watchdog's side, and the
-modules do not import each other in a circle.
+"""The package's shape: floors that import only downwards, no import cycles, what runs inside a training process
+never pulling in the watchdog's side, one module per basename, none too long to read.
 
-The import graph is read from the source (every ``import`` statement, also those inside functions, which
-run later and are easy to miss), and checked against a real training-side import in a fresh interpreter.
+The import graph is read from the source and counts every import that runs: those inside functions (lazy; they
+run later and are easy to miss), ``from dtwatch import x`` (an edge to the package root, whose ``__init__`` runs
+first and must be complete enough), and the packages a dotted import runs on its way (``import a.b.c`` runs
+``a/__init__`` and ``a/b/__init__``). Only ``if TYPE_CHECKING:`` blocks, which never run, are left out.
+A package's ``__init__`` importing its own modules is an edge like any other: if one of them imports the package
+back, that is a cycle.
 """
 from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,44 +21,59 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "dtwatch"
-
-# Modules that run inside the training process (the user's one line, torchrun's bootstrap, the testing
-# backend), and what they must never reach.
-RANK_SIDE = ("dtwatch", "dtwatch.auto", "dtwatch.record", "dtwatch.ring", "dtwatch.testing", "dtwatch.config",
-             "dtwatch.ops", "dtwatch.paths")
-WATCHDOG_SIDE = ("dtwatch.watchdog", "dtwatch.export", "dtwatch.report", "dtwatch.lint", "dtwatch.cli")
 MAX_LINES = 600
 
+# The floors, bottom first. A module imports modules of lower floors and of its own area only; two areas of one
+# floor never import each other (the watchdog and the readers of what it left are siblings). An area is a module
+# prefix; a floor that is one area lists one name.
+FLOORS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    # (floor, areas, the floor's areas are one area)
+    ("base: paths, ops, config, the ring format", (
+        "dtwatch.paths", "dtwatch.ops", "dtwatch.config", "dtwatch.version", "dtwatch.exception_text",
+        "dtwatch.code_paths", "dtwatch.process_liveness", "dtwatch.ring"), True),
+    ("the rank side: recording", ("dtwatch.__init__", "dtwatch.auto", "dtwatch.record", "dtwatch.testing"), True),
+    ("source checks", ("dtwatch.lint",), False),
+    ("diagnosis", ("dtwatch.diagnose",), False),
+    ("incident files and words", ("dtwatch.bundle", "dtwatch.render"), False),
+    ("exporters", ("dtwatch.export",), False),
+    ("the watchdog and the readers", ("dtwatch.watchdog", "dtwatch.report"), False),
+    ("command line", ("dtwatch.cli", "dtwatch.__main__"), True),
+)
+RANK_SIDE = ("dtwatch.__init__", "dtwatch.auto", "dtwatch.record", "dtwatch.testing", "dtwatch.config",
+             "dtwatch.ops", "dtwatch.paths", "dtwatch.ring")
+WATCHDOG_SIDE = ("dtwatch.watchdog", "dtwatch.export", "dtwatch.report", "dtwatch.lint", "dtwatch.cli",
+                 "dtwatch.diagnose", "dtwatch.bundle", "dtwatch.render")
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def modules(root: Path = REPO) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / "dtwatch").rglob("*.py"))}
 
 
-def imports(name: str, path: Path, top_level_only: bool) -> set[str]:
-    """The dtwatch modules ``name`` imports (``from a import b`` counts as ``a.b`` when that is a module)."""
+def _ancestors(mod: str) -> set[str]:
+    parts = mod.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The dtwatch modules importing ``name`` runs (see the module doc), as edges of the graph."""
     tree = ast.parse(path.read_text(), str(path))
-    known = modules()
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    if top_level_only:  # also imports under a module-level `if`/`try` (TYPE_CHECKING blocks excluded)
-        extra = []
-        for node in tree.body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
-            if isinstance(node, (ast.If, ast.Try)):
-                extra += [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
-        nodes = [*nodes, *extra]
-    out: set[str] = set()
+    skipped = {id(n) for node in ast.walk(tree)
+               if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for n in ast.walk(node) if n is not node}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in nodes:
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == "dtwatch"}
+            targets = {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -61,25 +81,105 @@ def imports(name: str, path: Path, top_level_only: bool) -> set[str]:
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
-            if source.split(".")[0] != "dtwatch":
+            # the source module is imported, then each name read from it (or imported as its submodule)
+            targets = {source} | {f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known}
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] != "dtwatch":
                 continue
-            out.add(source)
-            out |= {f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known}
-    # importing a.b.c runs a/__init__ and a/b/__init__ too
-    for mod in list(out):
-        parts = mod.split(".")
-        out |= {".".join(parts[:i]) for i in range(1, len(parts))}
+            out.add(target)
+            # the packages on the way, except those the importer is itself inside (already importing)
+            out |= _ancestors(target) - _ancestors(name) - {package}
     return {m for m in out if m in known and m != name}
 
 
-def reachable(roots: list[str], top_level_only: bool = False) -> dict[str, list[str]]:
+def graph(root: Path = REPO) -> dict[str, set[str]]:
+    known = modules(root)
+    return {m: imports(m, p, known) for m, p in known.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (each a cycle or several), as one cycle through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(_one_cycle(g, set(group)))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _one_cycle(g: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest cycle through the group's first module, to name in the failure."""
+    start = min(group)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(g[v] & group):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                todo.append(w)
+    return sorted(group)
+
+
+def placement(mod: str) -> tuple[int, str]:
+    """(floor, area) of a module; the longest matching prefix wins."""
+    name = "dtwatch.__init__" if mod == "dtwatch" else mod
+    best: tuple[int, str, int] | None = None
+    for i, (floor, areas, one_area) in enumerate(FLOORS):
+        for area in areas:
+            if (name == area or name.startswith(area + ".")) and (best is None or len(area) > best[2]):
+                best = (i, floor if one_area else area, len(area))
+    assert best is not None, f"{mod} is on no floor: add it to FLOORS in {Path(__file__).name}"
+    return best[0], best[1]
+
+
+def layering_violations(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in sorted(g.items()):
+        floor, area = placement(mod)
+        for dep in sorted(deps):
+            dep_floor, dep_area = placement(dep)
+            if dep_area != area and dep_floor >= floor:
+                out.append(f"{mod} ({FLOORS[floor][0]}) imports {dep} ({FLOORS[dep_floor][0]})")
+    return out
+
+
+def reachable(g: dict[str, set[str]], roots: list[str]) -> dict[str, list[str]]:
     """Every module reachable from ``roots``, with one import chain that reaches it."""
-    known = modules()
     chains = {r: [r] for r in roots}
     todo = list(roots)
     while todo:
         mod = todo.pop()
-        for dep in sorted(imports(mod, known[mod], top_level_only)):
+        for dep in sorted(g[mod]):
             if dep not in chains:
                 chains[dep] = [*chains[mod], dep]
                 todo.append(dep)
@@ -87,20 +187,50 @@ def reachable(roots: list[str], top_level_only: bool = False) -> dict[str, list[
 
 
 def in_area(module: str, areas: tuple[str, ...]) -> bool:
-    return any(module == a or module.startswith(a + ".") for a in areas)
+    name = "dtwatch.__init__" if module == "dtwatch" else module
+    return any(name == a or name.startswith(a + ".") for a in areas)
+
+
+def test_no_import_cycles_counting_lazy_and_package_root_imports():
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_every_module_imports_only_its_floor_area_and_the_floors_below():
+    bad = layering_violations(graph())
+    assert not bad, "imports against the floors:\n" + "\n".join(bad)
+
+
+def test_a_cycle_planted_through_the_package_root_is_caught(tmp_path):
+    """The check fails on what it must catch: a ring module reading ``paths`` from the package root, whose
+    ``__init__`` imports the ring package (the cycle this house once had, and which a check skipping root edges
+    could not see); and a lazy import from the report into the watchdog."""
+    shutil.copytree(PACKAGE, tmp_path / "dtwatch", ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+    layout = tmp_path / "dtwatch" / "ring" / "layout.py"
+    layout.write_text(layout.read_text() + "\n\ndef _planted() -> None:\n    from dtwatch import paths  # noqa: F401\n")
+    analyze = tmp_path / "dtwatch" / "report" / "analyze.py"
+    analyze.write_text(analyze.read_text() + "\n\ndef _planted() -> None:\n    import dtwatch.watchdog.watch  # noqa: F401\n")
+    g = graph(tmp_path)
+    found = [" -> ".join(c) for c in cycles(g)]
+    assert any("dtwatch.ring.layout -> dtwatch" in f"{c} " and c.startswith("dtwatch ->") for c in found), found
+    bad = layering_violations(g)
+    assert "dtwatch.report.analyze (the watchdog and the readers) imports dtwatch.watchdog.watch " \
+           "(the watchdog and the readers)" in bad, bad
+    assert any(b.startswith("dtwatch.ring.layout (base") and "imports dtwatch (the rank side" in b for b in bad), bad
 
 
 def test_code_that_runs_in_the_rank_never_imports_the_watchdog_side():
-    roots = ["dtwatch", *(m for m in modules() if in_area(m, RANK_SIDE[1:]))]
-    chains = reachable(roots)
-    leaks = {m: " -> ".join(chain) for m, chain in chains.items() if in_area(m, WATCHDOG_SIDE)}
+    g = graph()
+    roots = [m for m in g if in_area(m, RANK_SIDE)]
+    leaks = {m: " -> ".join(chain) for m, chain in reachable(g, roots).items() if in_area(m, WATCHDOG_SIDE)}
     assert not leaks, f"training-side code reaches watchdog-side modules: {json.dumps(leaks, indent=1)}"
 
 
 def test_the_rank_side_import_checked_in_a_real_interpreter():
     code = (
         "import sys, dtwatch, dtwatch.auto, dtwatch.testing\n"
-        "from dtwatch.record import installation, recorder, sampling_thread, completion, callsite, launcher, torchenv\n"
+        "from dtwatch.record import installation, recorder, sampling_thread, completion, callsite, launcher, "
+        "torchenv\n"
         "import json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('dtwatch'))))\n"
     )
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "DTWATCH": "0"}
@@ -111,27 +241,12 @@ def test_the_rank_side_import_checked_in_a_real_interpreter():
     assert not [m for m in loaded if in_area(m, WATCHDOG_SIDE)], loaded
 
 
-def test_no_import_cycles_between_modules():
-    known = modules()
-    graph = {m: imports(m, p, top_level_only=True) for m, p in known.items()}
-    # A package's __init__ importing its own submodules (to re-export them) is not a cycle.
-    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
-    state: dict[str, int] = {}
-    cycles: list[list[str]] = []
-
-    def visit(m: str, stack: list[str]) -> None:
-        state[m] = 1
-        for d in sorted(graph.get(m, ())):
-            if state.get(d) == 1:
-                cycles.append([*stack[stack.index(d):], d] if d in stack else [m, d])
-            elif d not in state:
-                visit(d, [*stack, d])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
-    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+def test_no_two_modules_share_a_basename():
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}, {n: p for n, p in seen.items() if len(p) > 1}
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
