@@ -1,14 +1,20 @@
 """Pure pieces of the diagnosis: wording rules, loop structure, rank tests, how a process ended."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from dtwatch.bundle.process_endings import main_thread_frames_of, process_ending
 from dtwatch.diagnose.phrases import fmt_ranks, trim, verb
 from dtwatch.diagnose.source import innermost_loop, loops
 from dtwatch.lint.checker import rank_branches
 from dtwatch.paths import ending_files
+
+REPO = Path(__file__).resolve().parent.parent
 
 REASON = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
           "[127.0.0.1]:29500. This is typically caused by a peer process exiting, for example because it "
@@ -124,3 +130,30 @@ def test_ranks_at_one_line_are_told_apart_by_shape_only_where_every_rank_passes_
     # An all_reduce of different shapes at one line is a real disagreement.
     assert _signature(Ctx(), at(0, "all_reduce", "all_reduce[float32:4]")) != _signature(
         Ctx(), at(1, "all_reduce", "all_reduce[float32:8]"))
+
+
+_REPLAY_WITHOUT_IO = """
+import importlib.util, json, pathlib, sys
+assert importlib.util.find_spec("torch") is not None  # torch is there to import: not importing it is the point
+fixtures = [json.loads(p.read_text()) for p in sorted(pathlib.Path("tests/incidents").glob("*.json"))]
+opened = []
+sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
+import dtwatch.diagnose
+kinds = [[f.kind for f in dtwatch.diagnose.diagnose_fixture(fx)] for fx in fixtures]
+print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+                  "opened": [p for p in opened if not p.endswith((".py", ".pyc")) and "__pycache__" not in p],
+                  "replayed": len(kinds), "found": sum(1 for k in kinds if k)}))
+"""
+
+
+def test_the_diagnosis_imports_no_torch_and_reads_no_file_while_it_replays_every_incident():
+    """``dtwatch.diagnose`` is pure: importing it and replaying the whole recorded corpus loads no torch module and
+    opens no file (no /proc, no source file: evidence comes in through the ``Evidence`` it is handed)."""
+    out = subprocess.run([sys.executable, "-c", _REPLAY_WITHOUT_IO], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["torch"] == [], got["torch"]
+    assert got["opened"] == [], got["opened"]
+    assert got["replayed"] == len(list((REPO / "tests" / "incidents").glob("*.json"))) > 50
+    assert got["found"] > 50  # the corpus was diagnosed, not skipped

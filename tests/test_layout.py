@@ -209,7 +209,8 @@ def test_a_cycle_planted_through_the_package_root_is_caught(tmp_path):
     layout = tmp_path / "dtwatch" / "ring" / "layout.py"
     layout.write_text(layout.read_text() + "\n\ndef _planted() -> None:\n    from dtwatch import paths  # noqa: F401\n")
     analyze = tmp_path / "dtwatch" / "report" / "analyze.py"
-    analyze.write_text(analyze.read_text() + "\n\ndef _planted() -> None:\n    import dtwatch.watchdog.watch  # noqa: F401\n")
+    lazy = "\n\ndef _planted() -> None:\n    import dtwatch.watchdog.watch  # noqa: F401\n"
+    analyze.write_text(analyze.read_text() + lazy)
     g = graph(tmp_path)
     found = [" -> ".join(c) for c in cycles(g)]
     assert any("dtwatch.ring.layout -> dtwatch" in f"{c} " and c.startswith("dtwatch ->") for c in found), found
