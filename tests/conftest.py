@@ -28,13 +28,24 @@ TORCH_ENV = (
 )
 
 
-CURRENT_TEST_FILE = os.environ.get("DTWATCH_CI_CURRENT_TEST")  # .ci/run names the test a killed run was in
+# .ci/run names the test a killed run was in: one file per xdist worker (``<file>.gw0``...), or the file itself
+CURRENT_TEST_FILE = os.environ.get("DTWATCH_CI_CURRENT_TEST")
+if CURRENT_TEST_FILE and os.environ.get("PYTEST_XDIST_WORKER"):
+    CURRENT_TEST_FILE += "." + os.environ["PYTEST_XDIST_WORKER"]
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     if CURRENT_TEST_FILE:
         with open(CURRENT_TEST_FILE, "w") as f:
             f.write(nodeid + "\n")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Timing tests share one xdist group (``--dist loadgroup``): they run one after another on one worker, so two
+    of them never load the machine at once. Without xdist the mark changes nothing."""
+    for item in items:
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.xdist_group("timing"))
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from dtwatch.record import hooks
 from tests.test_recorder import collectives, site_lines
 from tests.tools import ON_CI
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 LINES = site_lines("init_routes.py")
 NEEDS = {"accelerate": "accelerate", "lightning_fabric": "lightning"}
 

@@ -10,12 +10,15 @@ import os
 import sys
 import threading
 
+import pytest
 import torch
 
 import dtwatch
 from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
 from dtwatch.record.callsite import INTERNAL, LIBRARY, OTHER, USER, SiteTable, classify_file, site_file
 from dtwatch.ring import RECORD_DTYPE, RECORD_SIZE, RingWriter, read_ring
+
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
 
 
 def test_classify_file():

@@ -18,6 +18,8 @@ from dtwatch.record.torchenv import flight_recorder_on
 from dtwatch.ring import FLAG_ENQUEUED, RingWriter, read_ring
 from tests.conftest import init_world1
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 
 # ---------------------------------------------------------------------------------------------------
 # the recorder, in a real job

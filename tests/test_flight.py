@@ -34,6 +34,8 @@ from dtwatch.diagnose.rank_state import CPP_OP, Call, from_snapshot
 from tests.conftest import SCRIPTS
 from tests.harness import site_line
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "flight").glob("*.json"))
 SCRIPT = "/job/rec_fr.py"  # the worker's path in the fixtures
 

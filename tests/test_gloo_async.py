@@ -12,6 +12,8 @@ import pytest
 
 from tests.harness import SCRIPTS, free_port
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 SCRIPT = SCRIPTS / "gloo_async_semantics.py"
 
 

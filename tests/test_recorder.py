@@ -34,6 +34,8 @@ from dtwatch.record import hooks, installation
 from dtwatch.ring import FLAG_ASYNC, FLAG_COALESCED, FLAG_OBJECT, FLAG_P2P, STATUS_ERROR, STATUS_OK
 from tests.conftest import SCRIPTS, init_world1, wait_for
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 c10d = dist.distributed_c10d
 
 

@@ -12,6 +12,8 @@ import pytest
 from tests.harness import launch, site_line
 from tests.tools import ON_CI
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 
 @pytest.mark.timeout(150)
 def test_faulthandler_fallback_dumps_the_blocked_main_thread(tmp_path):

@@ -301,6 +301,7 @@ def run_loaded(tmp_path, model: str, nproc: int, seconds: float, env: dict) -> t
             job.stop()
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("model, step_ms, nproc", [("ddp", "5", 2), ("fsdp", "20", 3)])
 def test_healthy_job_on_a_loaded_machine_raises_no_straggler_warning(tmp_path, model, step_ms, nproc):
@@ -310,6 +311,7 @@ def test_healthy_job_on_a_loaded_machine_raises_no_straggler_warning(tmp_path, m
     assert not warnings_of(job), warnings_of(job)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(90)
 def test_injected_straggler_on_a_loaded_machine_is_named(tmp_path):
     # Rank 1's input pipeline is 30 % of its own step time slower every step (steps of ~100 ms), with both

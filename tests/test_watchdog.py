@@ -17,6 +17,8 @@ import pytest
 from dtwatch.record import hooks
 from tests.harness import SCRIPTS, assert_rank_conditional_finding, launch, site_line
 
+pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)
+
 WINDOW = 4.0
 # Diagnosis must be written within the window + 2 s of the hang; CI machines are slow and loaded, so the
 # tests allow a margin on top (benchmarks/detection.py measures the real figure).
@@ -239,6 +241,7 @@ def test_healthy_run_with_quiet_gaps_raises_no_stall(tmp_path, scenario, backend
         job.stop()
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(240)
 def test_straggler_is_a_warning_not_a_stall(tmp_path):
     # Rank 2 enters every step's all_reduce (Python-issued, one per dtwatch.step()) 120 ms late; the warning
@@ -310,6 +313,7 @@ def test_extra_same_shape_collective_is_a_silent_desync_named_before_any_hang(tm
         job.stop()
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("model, lag", [("ddp", 0.2), ("ddp", 0.08), ("fsdp", 0.08)])
 def test_straggler_in_ddp_and_fsdp_is_named_within_a_minute(tmp_path, model, lag):
@@ -334,6 +338,7 @@ def test_straggler_in_ddp_and_fsdp_is_named_within_a_minute(tmp_path, model, lag
         job.stop()
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(200)
 def test_ranks_taking_turns_being_slow_are_not_a_straggler(tmp_path):
     # The slow rank changes every step: each is last in a third of the steps, far from the rule's 90 %
