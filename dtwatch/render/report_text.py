@@ -1,11 +1,13 @@
 """The human report: findings first, then every rank's state, then where the evidence is."""
 from __future__ import annotations
 
+import functools
 import time
 
 from dtwatch.diagnose import Evidence, Finding, fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.phrases import verb
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.render.finding_lines import culprit_line, waiting_line
 
 DAMAGED_INPUT = "damaged_input"
 """The kind of a warning naming a damaged input file (see :mod:`dtwatch.report.analyze`); its ``ranks`` are those
@@ -42,13 +44,14 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         out.append((verdict or "stall").upper())
         for f in stalls:
             out.append(f"  [{f.kind}] {f.summary}")
-            if f.site:
-                out.append(f"      root-cause line: {fmt_site(f.site, evidence)}")
-            branch = (f.details or {}).get("conditional_line")
-            if isinstance(branch, dict) and branch.get("line") != (f.site or {}).get("line"):
-                out.append(f"      under the rank test: {fmt_site(branch, evidence)}")
-            if f.waiting_site and f.waiting_ranks:
-                out.append(f"      others wait at: {fmt_site(f.waiting_site, evidence)}")
+            show = functools.partial(_site_text, evidence=evidence)
+            if f.ranks:  # the same lines as the console's notice, paths as the evidence reader shows them
+                out.append(f"      {culprit_line(f, show)}")
+            elif f.site:
+                out.append(f"      at {show(f.site)}")
+            waiting = waiting_line(f, show)
+            if waiting:
+                out.append(f"      {waiting}")
             if f.onset and not all(s.from_dump for s in states):  # a dump's file time is not the hang's
                 out.append(f"      no progress since {now - f.onset:.1f}s before detection")
         if unread:
@@ -111,6 +114,10 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         out.append(f"  {bundle_dir}/rings/    the ranks' dtwatch rings (dtwatch analyze reads them)")
         out.append(f"  {bundle_dir}/timeline.svg  per-rank sequence progress")
     return "\n".join(out) + "\n"
+
+
+def _site_text(site: dict | None, evidence: Evidence | None) -> str:
+    return fmt_site(with_source(site, evidence), evidence) if site else "an unknown line"
 
 
 def _dumped_rank(s: RankState, dumps: dict, evidence: Evidence | None) -> list[str]:
