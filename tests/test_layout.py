@@ -254,3 +254,13 @@ def test_no_two_modules_share_a_basename():
 def test_no_module_is_too_long_to_read(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(REPO)} has {lines} lines (at most {MAX_LINES}): split it by concern"
+
+
+def test_the_version_is_stated_once_in_the_package_and_agrees_with_pyproject():
+    import re
+
+    import dtwatch
+    from dtwatch.version import __version__
+
+    stated = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert stated is not None and dtwatch.__version__ == __version__ == stated.group(1)
