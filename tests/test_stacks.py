@@ -27,7 +27,7 @@ def test_faulthandler_fallback_dumps_the_blocked_main_thread(tmp_path):
         assert "Current thread" in stack0 or "Thread 0x" in stack0
         assert f'line {site_line("validate_all_reduce")} in validate' in stack0
         assert f'line {site_line("conditional_call")} in main' in stack0
-        assert "sampler.py" in stack0  # every thread is dumped: the sampler thread too
+        assert "sampling_thread.py" in stack0  # every thread is dumped: the sampler thread too
     finally:
         job.stop()
 
