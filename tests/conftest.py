@@ -42,12 +42,10 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Timing tests share one xdist group (``--dist loadgroup``): they run one after another on one worker, so two
-    of them never load the machine at once. They are collected first, so the group (minutes of fixed-length jobs)
-    starts at once beside the rest instead of being the run's long tail."""
+    of them never load the machine at once. Without xdist the mark changes nothing."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group("timing"))
-    items.sort(key=lambda item: item.get_closest_marker("timing") is None)  # stable: the rest keep their order
 
 
 @pytest.fixture
