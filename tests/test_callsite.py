@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import dtwatch
+from dtwatch.code_paths import INTERNAL, LIBRARY, OTHER, USER, classify_file, site_file
 from dtwatch.diagnose.rank_state import Call, RankState, from_snapshot
-from dtwatch.record.callsite import INTERNAL, LIBRARY, OTHER, USER, SiteTable, classify_file, site_file
+from dtwatch.record.callsite import SiteTable
 from dtwatch.ring import RECORD_DTYPE, RECORD_SIZE, RingWriter, read_ring
 
 pytestmark = pytest.mark.torch_versions  # also run on the oldest torch the README claims (.ci/run)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtwatch.diagnose import diagnose_fixture
-from dtwatch.diagnose.verdict import STALL
+from dtwatch.diagnose.model import STALL
+from dtwatch.diagnose.verdict import STALL as STALL_VERDICT
 from dtwatch.render.notice import PREFIX, render_notice
 from dtwatch.render.report_text import render_text
 from dtwatch.report.capture import load_fixture
@@ -36,7 +37,7 @@ def test_console_and_report_place_the_ranks_in_the_same_words(path: Path) -> Non
         assert "No stall." in report
         return
     f = findings[0]
-    notice = render_notice(STALL, findings, bundle="b", run_dir="r").splitlines()
+    notice = render_notice(STALL_VERDICT, findings, bundle="b", run_dir="r").splitlines()
     head = f"{PREFIX}STALL [{f.kind}] "
     at = report.index(f"  [{f.kind}] {f.summary}")
     if not f.ranks:  # no culprit to place: the notice is the summary alone

@@ -17,9 +17,6 @@ from dtwatch.diagnose.rank_state import CPP_OP, Call
 if TYPE_CHECKING:
     from dtwatch.diagnose.align import Parting, Token
 
-_KNOWS_NOTHING = Evidence()  # answers "not known": no source text, paths as recorded
-
-
 def with_source(site: dict | None, evidence: Evidence | None = None) -> dict | None:
     """The site plus the text of its line, when ``evidence`` can read the source."""
     if not site:
@@ -34,7 +31,7 @@ def fmt_site(site: dict | None, evidence: Evidence | None = None) -> str:
     if not site:
         return "an unknown line"
     path = str(site.get("file"))
-    shown = (evidence or _KNOWS_NOTHING).display_path(path)
+    shown = evidence.display_path(path) if evidence is not None else path  # none: as recorded
     text = f"{shown}:{site.get('line')}" + (f" in {site['function']}" if site.get("function") else "")
     src = site.get("source")
     return f"{text} `{src}`" if src else text

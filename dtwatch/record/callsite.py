@@ -23,9 +23,7 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-from dtwatch.code_paths import INTERNAL, LIBRARY, OTHER, USER, classify_file, is_user_file, site_file
-
-__all__ = ["INTERNAL", "LIBRARY", "OTHER", "USER", "SiteTable", "classify_file", "is_user_file", "site_file"]
+from dtwatch.code_paths import INTERNAL, LIBRARY, USER, classify_file, site_file
 
 
 class SiteTable:

@@ -29,7 +29,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from dtwatch.record.callsite import USER, classify_file
+from dtwatch.code_paths import USER, classify_file
 
 _DIST_ATTRS = (("num_replicas", "rank"), ("num_processes", "process_index"))
 _SINGLE_PROCESS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from dtwatch.code_paths import INTERNAL, USER
 from dtwatch.ops import FLAG_COALESCED, FLAG_P2P, OP_CODES
-from dtwatch.record.callsite import INTERNAL, USER
 from dtwatch.record.wrapper import DTYPE_CODES_BY_TORCH, WRAPPER_CODE
 from dtwatch.ring import FLAG_ASYNC, FLAG_ENQUEUED, NUMEL_FROM_SHAPE, RECORD_ENTRY_BY_NDIM, RECORD_SIZE, STATUS_OK
 from dtwatch.ring.layout import FLAG_HOOKED

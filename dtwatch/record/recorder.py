@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
+from dtwatch.code_paths import site_file
 from dtwatch.config import Config, run_dir
 from dtwatch.record.attaching import DefaultGroupPoll, UnattachedProbe
-from dtwatch.record.callsite import SiteTable, site_file
+from dtwatch.record.callsite import SiteTable
 from dtwatch.record.completion import completion_source, forget_all
 from dtwatch.record.data_samplers import LoaderMakes, LoaderRun, LoaderSlot
 from dtwatch.record.endings import SignalFiles, exception_facts, exception_summary, write_exit_facts

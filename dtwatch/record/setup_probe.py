@@ -43,8 +43,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from dtwatch.code_paths import LIBRARY, USER, classify_file, site_file
 from dtwatch.config import Config
-from dtwatch.record.callsite import LIBRARY, USER, classify_file, site_file
 from dtwatch.record.data_samplers import describe_loader, training_now
 from dtwatch.record.fingerprint import BackgroundWorker, dataset_signature, fingerprint
 from dtwatch.ring import EXIT, EXIT_CLEAN, EXIT_RUNNING, OFF_EXIT, RingWriter, ring_filename
