@@ -40,12 +40,23 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
             f.write(nodeid + "\n")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Timing tests share one xdist group (``--dist loadgroup``): they run one after another on one worker, so two
-    of them never load the machine at once. Without xdist the mark changes nothing."""
-    for item in items:
-        if item.get_closest_marker("timing") is not None:
-            item.add_marker(pytest.mark.xdist_group("timing"))
+@pytest.fixture(autouse=True)
+def one_timing_test_at_a_time(request):
+    """A timing test (marked ``timing``) loads the machine on purpose and asserts on how fast dtwatch answers: two at
+    once (``pytest -n`` over them, or two sessions on one machine) measure each other. .ci/run runs them in one
+    serial session; here a second one at once fails at once, naming why, instead of failing later on a bound."""
+    if request.node.get_closest_marker("timing") is None:
+        yield
+        return
+    import fcntl
+    import tempfile
+    with open(Path(tempfile.gettempdir()) / f"dtwatch-timing-tests-{os.getuid()}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail("another timing test runs on this machine at the same time: run tests marked `timing` one "
+                        "at a time (.ci/run runs them in a serial session of their own: -p no:xdist -m timing)")
+        yield
 
 
 @pytest.fixture
