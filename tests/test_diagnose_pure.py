@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from dtwatch.bundle.process_endings import main_thread_frames_of, process_ending
-from dtwatch.diagnose.phrases import fmt_ranks, trim, verb
 from dtwatch.diagnose.source import innermost_loop, loops
+from dtwatch.diagnose.wording.phrases import fmt_ranks, trim, verb
 from dtwatch.lint.checker import rank_branches
 from dtwatch.paths import ending_files
 

@@ -264,3 +264,56 @@ def test_the_version_is_stated_once_in_the_package_and_agrees_with_pyproject():
 
     stated = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     assert stated is not None and dtwatch.__version__ == __version__ == stated.group(1)
+
+
+# The words of a diagnosis live in dtwatch/diagnose/wording/; decisions hand it facts. These decision modules still
+# build sentences themselves, at most this many (a ratchet: moving a family of sentences lowers a number, nothing may
+# raise one, and a decision module not named here builds none). Counted: string literals and f-strings of four
+# words or more in function bodies, docstrings not counted.
+WORDS_STILL_IN_DECISIONS = {
+    "compare.py": 37, "context.py": 8, "ended.py": 19, "exits.py": 3, "fr_states.py": 14, "idle.py": 15,
+    "loaders.py": 2, "loops.py": 21, "mismatch.py": 4, "model.py": 1, "order.py": 2, "rank_state.py": 3,
+    "straggler.py": 7,
+}
+
+
+def sentences_built(path: Path) -> int:
+    """String literals and f-strings of four words or more inside the functions of ``path``, docstrings aside."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    parts_of_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                         for part in ast.walk(node) if part is not node}
+    found: set[int] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if id(node) in docstrings or id(node) in parts_of_fstrings:
+                continue
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+            else:
+                continue
+            if len(text.split()) >= 4:
+                found.add(id(node))
+    return len(found)
+
+
+def test_decisions_leave_their_words_to_the_wording_package():
+    counts = {path.name: sentences_built(path) for path in sorted((PACKAGE / "diagnose").glob("*.py"))}
+    grown = {name: (n, WORDS_STILL_IN_DECISIONS.get(name, 0)) for name, n in counts.items()
+             if n > WORDS_STILL_IN_DECISIONS.get(name, 0)}
+    assert not grown, f"decisions building sentences (found, allowed): {grown}; hand the facts to " \
+                      "dtwatch/diagnose/wording/ instead"
+    assert counts["setup.py"] == 0  # the setup warnings are worded in wording/setup_words.py
+
+
+def test_the_sentence_count_sees_sentences(tmp_path):
+    planted = tmp_path / "decision.py"
+    planted.write_text('def decide(ranks):\n    """A docstring of many words is not a sentence built."""\n'
+                       '    return f"{ranks} left the loop early" if ranks else "ok"\n')
+    assert sentences_built(planted) == 1

@@ -40,11 +40,11 @@ from dtwatch.diagnose.decide import exit_findings as _exit_findings
 from dtwatch.diagnose.evidence import Evidence, RecordedEvidence, ViewSample
 from dtwatch.diagnose.loaders import loader_evidence, uneven_loader_warnings
 from dtwatch.diagnose.model import KINDS, PEER_ERRORS, STALL, WARNING, Finding, Kind, Position
-from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, trim, with_source
 from dtwatch.diagnose.positions import StallCheck, check_stall, cpp_blocked_call, positions, settle_completed
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.silent import silent_desyncs
 from dtwatch.diagnose.straggler import EntryLags, entry_lags, straggler_warning
+from dtwatch.diagnose.wording.phrases import fmt_ranks, fmt_site, trim, with_source
 
 __all__ = [
     "Diagnosis", "Evidence", "EntryLags", "Finding", "KINDS", "Kind", "PEER_ERRORS",

@@ -14,8 +14,8 @@ from dtwatch.diagnose.context import MATCHING_P2P, P2P, Context
 from dtwatch.diagnose.loops import uneven
 from dtwatch.diagnose.mismatch import mismatch, site_key
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.phrases import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
 from dtwatch.diagnose.rank_state import CPP_OP, Call
+from dtwatch.diagnose.wording.phrases import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
 from dtwatch.ops import SAME_SHAPE_OPS
 
 

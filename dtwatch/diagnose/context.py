@@ -13,9 +13,9 @@ from dtwatch.diagnose.exits import Told, tell
 from dtwatch.diagnose.flight import SEQ, SeqMapping, calibrate, entry_for
 from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
-from dtwatch.diagnose.phrases import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
+from dtwatch.diagnose.wording.phrases import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
 
 P2P = ("send", "recv", "isend", "irecv")
 MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}

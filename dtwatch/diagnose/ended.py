@@ -17,8 +17,8 @@ from dtwatch.diagnose.loops import (
 )
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.order import parting_at_stall
-from dtwatch.diagnose.phrases import describe, fmt_ranks, sentence, trim, verb
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
+from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, sentence, trim, verb
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind
-from dtwatch.diagnose.phrases import lint_hint_sentence
+from dtwatch.diagnose.wording.phrases import lint_hint_sentence
 
 MAX_HINTS = 3
 _UNEXPLAINED = (Kind.DESYNC, Kind.RANK_CONDITIONAL)

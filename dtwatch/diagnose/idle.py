@@ -4,7 +4,7 @@ from __future__ import annotations
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.loops import uneven
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.phrases import describe, fmt_site, sentence
+from dtwatch.diagnose.wording.phrases import describe, fmt_site, sentence
 
 
 def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:

@@ -17,8 +17,8 @@ from collections import defaultdict
 
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.phrases import fmt_ranks, fmt_site, with_source
 
 
 def loader_key(ld: dict) -> tuple:

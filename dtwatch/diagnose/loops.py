@@ -11,8 +11,8 @@ import re
 
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.phrases import describe, fmt_ranks, sentence, verb
 from dtwatch.diagnose.rank_state import Call
+from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, sentence, verb
 
 
 # ---------------------------------------------------------------------------------------------------

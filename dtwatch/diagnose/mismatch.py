@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dtwatch.diagnose.context import Context
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.phrases import fmt_ranks, sentence, verb
+from dtwatch.diagnose.wording.phrases import fmt_ranks, sentence, verb
 
 
 def site_key(site: dict | None) -> tuple | None:

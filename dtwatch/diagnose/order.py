@@ -14,8 +14,8 @@ from dtwatch.diagnose.context import Context
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.flight import op_family
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, WARNING, Finding, Kind
-from dtwatch.diagnose.phrases import fmt_ranks, parting_summary, sentence
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.phrases import fmt_ranks, parting_summary, sentence
 
 
 def call_branch(ev: Evidence, token: Token) -> dict | None:

@@ -12,7 +12,8 @@ cluster is wasted. Each check is one pure function of the ranks' states (their s
 * ``config_divergence``: ranks disagree on what they should share (torch version; the parameter
   count, dtypes and mixed-precision policy of a model at its DDP/FSDP wrap).
 
-The decisions are here; :data:`CHECKS` says what each costs and where it is paid.
+The decisions are here, as facts in each finding's ``details``; their words are in
+:mod:`dtwatch.diagnose.wording.setup_words`. :data:`CHECKS` says what each costs and where it is paid.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from typing import Any
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.loaders import loader_key
 from dtwatch.diagnose.model import WARNING, Finding, Kind
-from dtwatch.diagnose.phrases import fmt_ranks, fmt_site, with_source
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.phrases import with_source
+from dtwatch.diagnose.wording.setup_words import by_value, setup_summary, show
 
 SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts are final enough to compare
 
@@ -33,11 +35,14 @@ SETTLE_S = 5.0  # wraps unchanged this long (or every rank stepped): the facts a
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
-def _finding(kind: str, check: str, ranks: Iterable[int], summary: str, site: dict | None, now: float,
-             compared: Iterable[int], **details: Any) -> Finding:
-    """A setup warning; ``compared``: the ranks whose facts the decision read (see :class:`Hold`)."""
-    return Finding(kind=kind, severity=WARNING, ranks=sorted(set(ranks)), summary=summary, site=site,
-                   detected=now, onset=now, details={"check": check, "compared": sorted(set(compared)), **details})
+def _finding(kind: str, check: str, ranks: Iterable[int], site: dict | None, now: float, compared: Iterable[int],
+             ev: Evidence | None, **facts: Any) -> Finding:
+    """A setup warning, worded from its facts; ``compared``: the ranks whose facts the decision read (see
+    :class:`Hold`)."""
+    culprits = sorted(set(ranks))
+    details = {"check": check, "compared": sorted(set(compared)), **facts}
+    return Finding(kind=kind, severity=WARNING, ranks=culprits, summary=setup_summary(culprits, site, details, ev),
+                   site=site, detected=now, onset=now, details=details)
 
 
 def _site_key(site: dict | None) -> tuple | None:
@@ -60,29 +65,9 @@ def loader_facts(states: list[RankState]) -> dict[LoaderKey, dict[int, tuple[dic
     return out
 
 
-def _by_value(values: dict[int, Any]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = defaultdict(list)
-    for rank, v in sorted(values.items()):
-        groups[_show(v)].append(rank)
-    return dict(groups)
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, (list, tuple)):
-        return "/".join(_show(x) for x in v) or "none"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return "none" if v in (None, "") else str(v)
-
-
-def _fmt_values(values: dict[int, Any]) -> str:
-    """``1,234 on ranks 0-2; 1,300 on rank 3``."""
-    return "; ".join(f"{v} on {fmt_ranks(rs)}" for v, rs in _by_value(values).items())
-
-
 def _deviants(values: dict[int, Any]) -> list[int]:
     """Ranks whose value is not the reference one: the most common, ties going to the lowest rank's."""
-    shown = {r: _show(v) for r, v in values.items()}
+    shown = {r: show(v) for r, v in values.items()}
     counts = Counter(shown.values())
     top = max(counts.values())
     reference = next(shown[r] for r in sorted(shown) if counts[shown[r]] == top)
@@ -101,14 +86,8 @@ def not_distributed(states: list[RankState], now: float, ev: Evidence | None = N
     first = alone[0][1]
     world = int(first.get("world") or alone[0][0].world_size)
     site = with_source(first.get("site"), ev)
-    return _finding(
-        Kind.NOT_DISTRIBUTED, "not_distributed", ranks,
-        f"{fmt_ranks(ranks)} of WORLD_SIZE={world} {'runs' if len(ranks) == 1 else 'run'} optimizer steps at "
-        f"{fmt_site(site, ev)} without a process group (init_process_group was never called): every rank trains "
-        "alone on its own copy of the model and nothing is averaged across ranks; initialise torch.distributed "
-        "(with Accelerate on CPU, launch with --cpu or ACCELERATE_USE_CPU=1)",
-        site, now, ranks, world=world, steps={str(s.rank): int(f.get("steps", 0)) for s, f in alone},
-    )
+    return _finding(Kind.NOT_DISTRIBUTED, "not_distributed", ranks, site, now, ranks, ev,
+                    world=world, steps={str(s.rank): int(f.get("steps", 0)) for s, f in alone})
 
 
 def same_device(states: list[RankState], now: float, ev: Evidence | None = None) -> Finding | None:
@@ -136,31 +115,16 @@ def same_device(states: list[RankState], now: float, ev: Evidence | None = None)
     device = group[0][1]
     host = by_rank[ranks[0]].host
     site = next((with_source(d.get("site"), ev) for _, d in reversed(group) if d.get("site")), None)
-    name = f"{device.get('type')}:{device.get('index')}" + (f" ({device['uuid']})" if device.get("uuid") else "")
     local = {str(r): by_rank[r].local_rank for r in ranks}
-    how = f", set at {fmt_site(site, ev)}" if site else ""
     # What the host has: only a count the ranks saw says whether other GPUs stand idle.
     on_host = [d for key, v in users.items() if key[0] == host for _, d in v]
     counts = {d["count"] for d in on_host if isinstance(d.get("count"), int)}
-    count = counts.pop() if len(counts) == 1 else None  # ranks that disagree: not known
-    used = len({key for key, v in users.items() if key[0] == host})
-    advice = "bind each process to its local rank (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK)"
-    if count is not None and count > used:
-        where = f"they share one GPU while {count - used} other GPU(s) they can see stay idle; "
-    elif count is not None:
-        where = f"they share one GPU, and the process sees only {used} GPU(s) (CUDA_VISIBLE_DEVICES " \
-                f"{by_rank[ranks[0]].setup.get('cvd') or 'unset'}); "
-        advice = ("start as many ranks per node as it has GPUs (torchrun --nproc-per-node), or set "
-                  "NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL >= 2.30) if sharing is meant")
-    else:
-        where = "they share one GPU; "
-    return _finding(
-        Kind.SAME_DEVICE, "same_device", ranks,
-        f"{fmt_ranks(ranks)} on {host} (local ranks {', '.join(map(str, local.values()))}) all use "
-        f"{name}{how}: {where}{advice}",
-        site, now, [r for key, v in users.items() if key[0] == host for r, _ in v],
-        device=device, local_ranks=local, host=host,
-    )
+    visible = counts.pop() if len(counts) == 1 else None  # ranks that disagree: not known
+    return _finding(Kind.SAME_DEVICE, "same_device", ranks, site, now,
+                    [r for key, v in users.items() if key[0] == host for r, _ in v], ev,
+                    device=device, local_ranks=local, host=host, visible=visible,
+                    in_use=len({key for key, v in users.items() if key[0] == host}),
+                    cvd=by_rank[ranks[0]].setup.get("cvd"))
 
 
 def sharing_on_purpose(ranks: list[RankState]) -> bool:
@@ -178,55 +142,32 @@ def same_data(states: list[RankState], now: float, ev: Evidence | None = None) -
         if len(per_rank) < 2:
             continue
         site = with_source(next((st for _, st in per_rank.values() if st), None), ev)
-        where = f"the DataLoader at {fmt_site(site, ev)}"
         # Distributed samplers built with the same rank draw the same indices.
         sranks = {r: f.get("srank") for r, (f, _) in per_rank.items() if f.get("dist") and f.get("srank") is not None}
-        for srank, ranks in _by_value(sranks).items():
+        for srank, ranks in by_value(sranks).items():
             if len(ranks) > 1:
                 f0 = per_rank[ranks[0]][0]
-                return _finding(
-                    Kind.SAME_DATA, "same_data", ranks,
-                    f"the {f0.get('sampler')} of {where} was built with rank={srank} "
-                    f"(num_replicas={f0.get('sreplicas')}) on {fmt_ranks(ranks)}: they draw the same samples and "
-                    "train on the same data; pass rank=dist.get_rank() and num_replicas=dist.get_world_size() "
-                    "(or leave both to their defaults)",
-                    site, now, per_rank, evidence="sampler_rank", sampler=f0.get("sampler"))
+                return _finding(Kind.SAME_DATA, "same_data", ranks, site, now, per_rank, ev, evidence="sampler_rank",
+                                sampler=f0.get("sampler"), sampler_rank=srank, num_replicas=f0.get("sreplicas"))
         training = {r: f for r, (f, _) in per_rank.items() if f.get("train") and not f.get("dist")}
         # Identical first batches of the same epoch.
         iterations = sorted({int(i) for f in training.values() for i in (f.get("fp") or {})})
         for it in iterations:
             fps = {r: f["fp"][str(it)] for r, f in training.items() if str(it) in (f.get("fp") or {})}
-            for fp, ranks in _by_value(fps).items():
+            for fp, ranks in by_value(fps).items():
                 if len(ranks) > 1:
                     f0 = training[ranks[0]]
-                    return _finding(
-                        Kind.SAME_DATA, "same_data", ranks,
-                        f"{fmt_ranks(ranks)} got the same first batch in epoch {it} of {where}: "
-                        f"{_why_same(f0)}", site, now, fps, evidence="first_batch", epoch=it, fingerprint=fp,
-                        sampler=f0.get("sampler"))
+                    return _finding(Kind.SAME_DATA, "same_data", ranks, site, now, fps, ev, evidence="first_batch",
+                                    epoch=it, fingerprint=fp, sampler=f0.get("sampler"), distributed=f0.get("dist"),
+                                    iterable=bool(f0.get("iterable")))
         # A non-distributed sampler over the same dataset: every rank iterates all of it.
         sigs = {r: f.get("dsig") for r, f in training.items() if f.get("dist") is False and f.get("dsig")}
-        for sig, ranks in _by_value(sigs).items():
+        for sig, ranks in by_value(sigs).items():
             if len(ranks) > 1:
                 f0 = training[ranks[0]]
-                return _finding(
-                    Kind.SAME_DATA, "same_data", ranks,
-                    f"{where} uses a {f0.get('sampler')}, which is not distributed, over the same dataset on "
-                    f"{fmt_ranks(ranks)}: every rank iterates the whole dataset each epoch; use "
-                    "DistributedSampler(dataset) as its sampler (and call sampler.set_epoch(epoch) each epoch)",
-                    site, now, sigs, evidence="dataset", dataset=sig, sampler=f0.get("sampler"))
+                return _finding(Kind.SAME_DATA, "same_data", ranks, site, now, sigs, ev, evidence="dataset",
+                                dataset=sig, sampler=f0.get("sampler"))
     return None
-
-
-def _why_same(f: dict) -> str:
-    if f.get("dist") is False:
-        return (f"its {f.get('sampler')} is not distributed, so every rank iterates the whole dataset in the same "
-                "order; use DistributedSampler(dataset) as its sampler (and call sampler.set_epoch(epoch) each epoch)")
-    if f.get("iterable"):
-        return ("its IterableDataset is not split by rank, so every rank reads the same stream; shard it by "
-                "rank (torch.distributed.get_rank() in __iter__, or the library's split-by-node helper)")
-    return (f"its sampler ({f.get('sampler')}) does not split the data by rank, so the ranks train on the same "
-            "data; use a distributed sampler")
 
 
 def _sampler_epochs(state: RankState) -> dict[int, tuple[set[tuple], bool]]:
@@ -268,13 +209,9 @@ def same_shuffle(states: list[RankState], now: float, ev: Evidence | None = None
             f0 = stale[ranks[0]]
             site = with_source(per_rank[ranks[0]][1], ev)
             seed, epoch = (f0.get("epochs") or [[None, None]])[-1]
-            return _finding(
-                Kind.SAME_SHUFFLE, "same_shuffle", ranks,
-                f"the {f0.get('sampler')} (shuffle=True) of the DataLoader at {fmt_site(site, ev)} stayed at epoch "
-                f"{epoch} for {f0.get('iters')} epochs on {fmt_ranks(ranks)}: sampler.set_epoch(epoch) is never "
-                "called, so every epoch visits the data in the same order; call it before each epoch",
-                site, now, [r for r, (f, _) in per_rank.items() if int(f.get("iters") or 0) >= 2],
-                epoch=epoch, seed=seed, epochs_started=int(f0.get("iters") or 0))
+            return _finding(Kind.SAME_SHUFFLE, "same_shuffle", ranks, site, now,
+                            [r for r, (f, _) in per_rank.items() if int(f.get("iters") or 0) >= 2], ev,
+                            epoch=epoch, seed=seed, epochs_started=int(f0.get("iters") or 0), sampler=f0.get("sampler"))
     return None
 
 
@@ -286,19 +223,11 @@ def drop_last_differs(states: list[RankState], now: float, ev: Evidence | None =
         dropping = sorted(r for r, v in values.items() if any(v))
         ranks = dropping or sorted(values)
         site = with_source(next((st for _, st in per_rank.values() if st), None), ev)
-        shown = {r: f"DataLoader {_show(v[0] if v else None)}" + (f", sampler {_show(v[1])}" if len(v) > 1 and
-                                                                  v[1] is not None else "")
-                 for r, v in values.items()}
         lengths = {str(s.rank): ld.get("length") for s in states if s.rank in per_rank for ld in s.loaders
                    if loader_key(ld) == key}
-        return _finding(
-            Kind.UNEVEN_ITERATIONS, "drop_last", ranks,
-            f"the DataLoader at {fmt_site(site, ev)} has different drop_last settings across ranks "
-            f"(drop_last: {_fmt_values(shown)}): whenever the data does not divide evenly the ranks that drop "
-            "the last batch leave the loop early and the others hang in their next collective; use the same "
-            "drop_last (DataLoader and DistributedSampler) on every rank",
-            site, now, per_rank, drop_last={str(r): list(v) for r, v in sorted(values.items())},
-            loader={"lengths": lengths, "site": site})
+        return _finding(Kind.UNEVEN_ITERATIONS, "drop_last", ranks, site, now, per_rank, ev,
+                        drop_last={str(r): list(v) for r, v in sorted(values.items())},
+                        loader={"lengths": lengths, "site": site})
     return None
 
 
@@ -317,28 +246,22 @@ def config_divergence(states: list[RankState], now: float, ev: Evidence | None =
     diffs: list[dict] = []
     versions = {s.rank: s.setup.get("torch") for s in reporting if s.setup.get("torch")}
     if len(set(versions.values())) > 1:
-        diffs.append({"what": "the torch version", "values": versions, "site": None})
+        diffs.append({"fact": "torch", "values": versions, "site": None})
     for (_key, kind, group), per_rank in wraps.items():
         if len(per_rank) < 2:
             continue
         site = next(iter(per_rank.values())).get("site")
-        for field, label in (("params", "parameter count"), ("trainable", "trainable parameter count"),
-                             ("dtypes", "parameter dtypes"), ("policy", "mixed-precision policy")):
+        for field in ("params", "trainable", "dtypes", "policy"):
             values = {r: w.get(field) for r, w in per_rank.items()}
-            if len({_show(v) for v in values.values()}) > 1:
-                diffs.append({"what": f"the {label} of the model wrapped by {kind} at {fmt_site(site, ev)}",
-                              "values": values, "site": site, "field": field, "group": group})
+            if len({show(v) for v in values.values()}) > 1:
+                diffs.append({"fact": field, "wrap": kind, "values": values, "site": site, "group": group})
     if not diffs:
         return None
     ranks = sorted({r for d in diffs for r in _deviants(d["values"])})
     site = with_source(next((d["site"] for d in diffs if d["site"]), None), ev)
-    parts = [f"{d['what']} ({_fmt_values(d['values'])})" for d in diffs]
-    return _finding(
-        Kind.CONFIG_DIVERGENCE, "config_divergence", ranks,
-        "ranks disagree on facts they should share: " + "; ".join(parts) + ". Ranks that run different "
-        "versions or build different models can hang in a collective or train wrong silently",
-        site, now, {r for d in diffs for r in d["values"]},
-        differences=[{"what": d["what"], "values": {str(r): v for r, v in sorted(d["values"].items())}} for d in diffs])
+    return _finding(Kind.CONFIG_DIVERGENCE, "config_divergence", ranks, site, now,
+                    {r for d in diffs for r in d["values"]}, ev,
+                    differences=[{**d, "values": {str(r): v for r, v in sorted(d["values"].items())}} for d in diffs])
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ from collections import Counter
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.order import group_parting, parting_finding
-from dtwatch.diagnose.phrases import fmt_site, silent_desync_summary, with_source
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
+from dtwatch.diagnose.wording.phrases import fmt_site, silent_desync_summary, with_source
 from dtwatch.ops import P2P_NAMES, SAME_SHAPE_OPS
 from dtwatch.ring.layout import MAX_SEQ_SPAN
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dtwatch.diagnose.context import Context
 from dtwatch.diagnose.model import STALL, Finding
-from dtwatch.diagnose.phrases import sentence, waits_elsewhere
+from dtwatch.diagnose.wording.phrases import sentence, waits_elsewhere
 
 
 def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:

@@ -5,8 +5,8 @@ import functools
 import time
 
 from dtwatch.diagnose import Evidence, Finding, fmt_ranks, fmt_site, with_source
-from dtwatch.diagnose.phrases import verb
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.phrases import verb
 from dtwatch.render.finding_lines import culprit_line, waiting_line
 
 DAMAGED_INPUT = "damaged_input"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dtwatch.bundle.safe_pickle import UnsafePickleError, load_plain
 from dtwatch.diagnose.fr_states import MAX_RANKS, Dump, completed, dump_problem, p2p_gaps, split_name
-from dtwatch.diagnose.phrases import fmt_ranks
+from dtwatch.diagnose.wording.phrases import fmt_ranks
 from dtwatch.ring.reader import IO_ERROR, InputProblem
 
 HEAD = 4096  # bytes read to recognise a dump
