@@ -91,6 +91,8 @@ class Parting:
     paired_with: dict[int, Token] = field(default_factory=dict)  # what the other side issued at that number
     decided: bool = True  # False: two equal sides and nothing tells which one deviates
     counts: list[dict] = field(default_factory=list)  # per side: {"ranks", "calls": [{op, file, line, n}]}
+    step: int | None = None  # told by the step counters (.step_order): the finished step the sides differ in
+    step_calls: dict[str, int] = field(default_factory=dict)  # then: each rank's calls of the group in it
 
     @property
     def seq(self) -> int:
@@ -342,13 +344,13 @@ def _parting_of(group: str, cls: list[int], reference: list[int], cut: dict[int,
     # What the other side issued at that number: the executed pairing.
     at = calls[0].seq
     paired = {q: t for q in (other if extra else side) for t in cut[q] if t.seq == at}
-    counts = [{"ranks": sorted(side), "calls": _count(cut[side[0]])},
-              {"ranks": sorted(other), "calls": _count(cut[other[0]])}]
+    counts = [{"ranks": sorted(side), "calls": count_calls(cut[side[0]])},
+              {"ranks": sorted(other), "calls": count_calls(cut[other[0]])}]
     return Parting(group=group, ranks=sorted(side), reference=sorted(other), extra=extra, calls=calls,
                    paired_with=paired, decided=decided, counts=counts)
 
 
-def _count(tokens: Iterable[Token]) -> list[dict]:
+def count_calls(tokens: Iterable[Token]) -> list[dict]:
     """How many calls of each op and line a stream holds (the window aligned)."""
     out: dict[tuple, int] = {}
     for t in tokens:

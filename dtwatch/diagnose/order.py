@@ -15,6 +15,7 @@ from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.flight import op_family
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, WARNING, Finding, Kind
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.step_order import step_parting
 from dtwatch.diagnose.wording.phrases import fmt_ranks, parting_summary, sentence
 
 
@@ -34,10 +35,16 @@ def call_branch(ev: Evidence, token: Token) -> dict | None:
 
 def group_parting(members: list[RankState], group: str, final: Callable[[RankState], bool],
                   ev: Evidence) -> Parting | None:
-    """Where the members' streams of ``group`` parted (:func:`dtwatch.diagnose.align.parting`), if they did."""
+    """Where the members' streams of ``group`` parted (:func:`dtwatch.diagnose.align.parting`, then
+    :func:`dtwatch.diagnose.step_order.step_parting`), if they did."""
     streams = {s.rank: stream(s, group, op_family) for s in members}
-    return parting(group, streams, {s.rank: final(s) for s in members},
-                   under_rank_test=lambda r, t: call_branch(ev, t) is not None)
+    def under_rank_test(r: int, t: Token) -> bool:
+        return call_branch(ev, t) is not None
+
+    # Where the calls pair again after an extra one, the alignment finds it; where the extra calls come every
+    # step, they pair shifted with no call left over, and only the step counters tell.
+    return parting(group, streams, {s.rank: final(s) for s in members}, under_rank_test=under_rank_test) or \
+        step_parting(group, streams, {s.rank: s.step for s in members}, under_rank_test=under_rank_test)
 
 
 def first_parting(states: list[RankState], final: Callable[[RankState], bool], ev: Evidence) -> Parting | None:
@@ -79,6 +86,8 @@ def parting_finding(p: Parting, ev: Evidence, *, severity: str = STALL, now: flo
                                           for r, t in sorted(p.paired_with.items())},
         "deviant_known": p.decided, "counts": p.counts, "silent": severity == WARNING,
     }
+    if p.step is not None:
+        details["step"] = {"step": p.step, "calls": p.step_calls}
     if first.call is not None and first.call.site and call_site and first.call.site != call_site:
         details["library_site"] = site_of(first.call.site)
     return Finding(

@@ -170,6 +170,15 @@ def parting_summary(p: Parting, *, branch: dict | None, fmt: Callable[[dict | No
         head = (f"{fmt_ranks(owner)} and {fmt_ranks(other)} parted in group {group}: {fmt_ranks(owner)} made "
                 f"{what}{more}, which {fmt_ranks(other)} did not make")
     parts = [head]
+    if p.step is not None:
+        by_n: dict[int, list[int]] = {}
+        for r, n in p.step_calls.items():
+            by_n.setdefault(n, []).append(int(r))
+        made = " and ".join(f"{fmt_ranks(rs)} issued {n} call{'s' if n != 1 else ''}"
+                            for n, rs in sorted(by_n.items(), reverse=True))
+        when = "before the first optimizer step" if p.step == 0 else \
+            f"between optimizer steps {p.step} and {p.step + 1}"
+        parts.append(f"{when}, which every rank went past, {made} of group {group}")
     if branch is not None:
         parts.append(f"{'it is' if decided else 'that call is'} reached through the rank test {fmt(branch)}")
     if paired is not None:
