@@ -142,7 +142,10 @@ def test_an_extra_tensor_parallel_forward_that_pairs_silently_is_named_with_its_
         assert "rank test" in f["summary"] and f"functional_hang.py:{site_line('every_step_branch', FUNCTIONAL)}" in \
             f["summary"]
         assert "as many optimizer steps" not in f["summary"]
-        # The ends are told in the order they came: rank 1's clean exit closed the connection rank 0 failed on.
-        assert f["summary"].index("rank 1 then exited") < f["summary"].index("rank 0 then raised")
+        # The ends are told in the order they came: rank 1's clean exit closed the connection rank 0 failed on. On a
+        # loaded machine the watchdog may decide before gloo tells rank 0 (it still waits): then no raise is told.
+        assert "rank 1 then exited" in f["summary"]
+        if "rank 0 then raised" in f["summary"]:
+            assert f["summary"].index("rank 1 then exited") < f["summary"].index("rank 0 then raised")
     finally:
         job.stop()
