@@ -4,33 +4,26 @@ from __future__ import annotations
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.loops import uneven
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.wording.phrases import describe, fmt_site, sentence
+from dtwatch.diagnose.wording.idle_words import outside_in_dump_summary, stuck_outside_summary, unresponsive_summary
+from dtwatch.diagnose.wording.phrases import fmt_site
 
 
 def unresponsive(ctx: Context, p: Position, waiting: list[int]) -> Finding:
     s = ctx.by_rank[p.rank]
     fields, waiting_txt = ctx.waiting(r for r in waiting if r != p.rank)
-    state = {"T": "stopped (SIGSTOP or a debugger)", "D": "in uninterruptible I/O"}.get(
-        s.proc_state, "not running Python code (the GIL is held, or it is stuck in native code)")
     stack = ctx.ev.stack(p.rank)
     user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
     site: dict | None
+    last = s.last_call()
     if user is not None:
-        where, site, source = f"py-spy shows it at {ctx.fmt(user)}", user, "py-spy"
-    else:
+        site, source = user, "py-spy"
+    elif last is not None and last.t_exit and last.t_exit > s.main_site_since:
         # No stack: the later of the last sampled line and the last collective it left.
-        last = s.last_call()
-        if last is not None and last.t_exit and last.t_exit > s.main_site_since:
-            site = ctx.user_site(p.rank, last)
-            where, source = f"no stack could be taken; it was last seen leaving {describe(last)} at {ctx.fmt(site)}", \
-                "last collective"
-        else:
-            where, site, source = (f"no stack could be taken; it was last seen at {ctx.fmt(s.main_site)}",
-                                   s.main_site, "last sample")
-    summary = sentence(
-        f"rank {p.rank} is alive but unresponsive: {state}; its heartbeat is {s.heartbeat_age(ctx.now):.0f}s old",
-        where, waiting_txt,
-    )
+        site, source = ctx.user_site(p.rank, last), "last collective"
+    else:
+        site, source = s.main_site, "last sample"
+    summary = unresponsive_summary(p.rank, s.proc_state, s.heartbeat_age(ctx.now), source, site, last, waiting_txt,
+                                   ctx.fmt)
     return Finding(
         kind=Kind.UNRESPONSIVE, severity=STALL, ranks=[p.rank], summary=summary,
         op=p.call.op if p.call else None, group=p.call.group if p.call else None,
@@ -57,14 +50,9 @@ def stuck_outside(ctx: Context, outside: list[int], waiting: list[int]) -> list[
         top_user = next((f for f in (stack or []) if not is_library_path(str(f.get("file", "")))), None)
         site = top_user or s.main_site
         seq = s.groups[first_group].seq if first_group in s.groups else None
-        behind = f"it has issued up to seq {seq} of group {first_group}" if seq is not None else ""
-        summary = sentence(
-            f"rank {r} is not in any collective: it is at {ctx.fmt(site)}"
-            + (f" (innermost frame {fmt_site(s.main_top_site, ctx.ev)})"
-               if s.main_top_site and s.main_top_site != site else "")
-            + f", for {ctx.now - s.main_site_since:.0f}s",
-            behind, waiting_txt,
-        )
+        innermost = fmt_site(s.main_top_site, ctx.ev) if s.main_top_site and s.main_top_site != site else ""
+        summary = stuck_outside_summary(r, site, innermost, ctx.now - s.main_site_since, first_group, seq, waiting_txt,
+                                        ctx.fmt)
         findings.append(Finding(
             kind=Kind.STUCK_OUTSIDE, severity=STALL, ranks=[r], summary=summary,
             site=ctx.site(site), group=first_group, seq=seq,
@@ -83,25 +71,11 @@ def _outside_in_dump(ctx: Context, r: int, fields: dict, waiting_txt: str) -> Fi
     seq = s.groups[group].seq if group in s.groups else None
     site = ctx.user_site(r, last)
     behind = seq is not None and (last is None or (last.group, last.seq) != (group, seq))
-    if last is not None and last.in_flight:  # in flight in its dump, completed by every peer in theirs
-        head = (f"rank {r}'s dump shows {describe(last)} at {ctx.fmt(site)} in flight, and every other member's "
-                "dump shows it completed (the dumps were written at different moments); it shows nothing later")
-    else:
-        head = f"rank {r} has no collective in flight in its Flight Recorder dump" + (
-            f": its last recorded one, {describe(last)} at {ctx.fmt(site)}, is no longer in flight" if last else
-            ": it recorded none")
-    parts = [head,
-             f"it has issued up to seq {seq} of group {group}" if behind else "",
-             "where it is now is not in a dump (a dump holds no stack)"]
     skipped = ((ctx.ev.dump_facts(r) or {}).get("p2p_unrecorded") or {})
-    if skipped and s.backend == "gloo":
-        total = sum(skipped.values())
-        calls = "a point-to-point call" if total == 1 else "point-to-point calls"
-        parts.append(f"gloo's Flight Recorder does not record send/recv, and rank {r}'s op numbers skip {total} "
-                     f"({calls} it made): it may be blocked in one now")
-    parts.append(waiting_txt)
+    unrecorded = sum(skipped.values()) if skipped and s.backend == "gloo" else 0
+    summary = outside_in_dump_summary(r, last, site, group, seq, behind, unrecorded, waiting_txt, ctx.fmt)
     return Finding(
-        kind=Kind.STUCK_OUTSIDE, severity=STALL, ranks=[r], summary=sentence(*parts), site=None, group=group, seq=seq,
+        kind=Kind.STUCK_OUTSIDE, severity=STALL, ranks=[r], summary=summary, site=None, group=group, seq=seq,
         details={"from_dump": True, "last_recorded": ({"op": last.op, "group": last.group, "seq": last.seq,
                                                        "site": ctx.site(site)} if last else None),
                  "p2p_unrecorded": skipped},

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.straggler_words import straggler_summary
 
 MAX_COMPARED = 200  # the newest collectives of group 0 compared across ranks
 FILL_BACK = 10 * MAX_COMPARED  # how far back from the newest number the issue times are filled in
@@ -254,23 +255,17 @@ def straggler_finding(v: Verdict, again: Verdict, lags: EntryLags, now: float, h
     if v.rank is None:
         raise ValueError("a verdict that names no rank is no straggler")
     stepped = lags.stepped
-    unit = "training steps" if stepped else "collectives"
-    step_text = (f"a step takes {v.step * 1000:.0f} ms" if stepped and v.step else
-                 f"{v.step * 1000:.0f} ms between collectives" if v.step else "")
+    details = {"median_lag_s": {str(r): round(x, 4) for r, x in sorted(lags.medians.items())},
+               "straggler_lag_s": round(v.lead, 4), "last_steps": v.last, "steps": v.steps, "stepped": stepped,
+               "noise_s": round(v.noise, 4), "margin_s": round(v.margin, 4),
+               "step_s": round(v.step, 4) if v.step else None, "window_s": round(v.end - v.start, 3),
+               "held_s": round(held, 3), "looks": looks,
+               "confirmed_by": {"steps": again.steps, "last_steps": again.last,
+                                "straggler_lag_s": round(again.lead, 4)}}
     return Finding(
         kind=Kind.STRAGGLER, severity=WARNING, ranks=[v.rank],
-        summary=f"rank {v.rank} was the last to issue the collectives of group 0 in {v.last} of the last {v.steps} "
-                f"{unit}, a median {v.lead * 1000:.0f} ms after every other rank ({step_text}; the scatter between "
-                f"ranks is {v.noise * 1000:.0f} ms), and the last at every look for {held:.1f} s; the job is "
-                f"progressing",
-        detected=now, onset=now - held,
-        details={"median_lag_s": {str(r): round(x, 4) for r, x in sorted(lags.medians.items())},
-                 "straggler_lag_s": round(v.lead, 4), "last_steps": v.last, "steps": v.steps, "stepped": stepped,
-                 "noise_s": round(v.noise, 4), "margin_s": round(v.margin, 4),
-                 "step_s": round(v.step, 4) if v.step else None, "window_s": round(v.end - v.start, 3),
-                 "held_s": round(held, 3), "looks": looks,
-                 "confirmed_by": {"steps": again.steps, "last_steps": again.last,
-                                  "straggler_lag_s": round(again.lead, 4)}},
+        summary=straggler_summary(v.rank, v.last, v.steps, stepped, v.lead, v.step, v.noise, held),
+        detected=now, onset=now - held, details=details,
     )
 
 
