@@ -1,12 +1,14 @@
 """Shared test fixtures: a private dtwatch environment, and a launcher for real torchrun jobs."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -48,8 +50,6 @@ def one_timing_test_at_a_time(request):
     if request.node.get_closest_marker("timing") is None:
         yield
         return
-    import fcntl
-    import tempfile
     with open(Path(tempfile.gettempdir()) / f"dtwatch-timing-tests-{os.getuid()}.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

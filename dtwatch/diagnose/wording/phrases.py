@@ -1,4 +1,5 @@
-"""The words of a diagnosis: every sentence a finding says is built here, from decided facts.
+"""The shared phrases of a diagnosis (ranks, sites, calls, exception texts) and the sentences of the program-order
+and silent-desync findings, from decided facts.
 
 Rules: culprit first (rank, op, their line, the branch or loop that made them differ), then who
 waits where, then evidence. Full sentences; text taken from elsewhere (exception messages) is cut at
@@ -16,6 +17,7 @@ from dtwatch.diagnose.rank_state import CPP_OP, Call
 
 if TYPE_CHECKING:
     from dtwatch.diagnose.align import Parting, Token
+
 
 def with_source(site: dict | None, evidence: Evidence | None = None) -> dict | None:
     """The site plus the text of its line, when ``evidence`` can read the source."""
