@@ -11,7 +11,7 @@ import re
 
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
-from dtwatch.diagnose.rank_state import Call
+from dtwatch.diagnose.rank_state import CPP_OP, Call
 from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, sentence, verb
 
 
@@ -184,7 +184,13 @@ def early_exit_loop(ctx: Context, ranks: list[int]) -> dict | None:
 
 def after_loop(ctx: Context, side: list[Position], inside: list[Position]) -> dict | None:
     """Whether ``side`` waits after a loop that ``inside``'s ranks are still in (same file)."""
-    return past_loop(ctx, ctx.frames(side[0].rank, side[0].call), inside)
+    call = side[0].call
+    if call is not None and call.op == CPP_OP:
+        # A call issued from C++ (DDP's gradient all-reduce, inside backward) is only where a sample spanning it
+        # puts it: a line sampled before it (the previous step's logging call, after the loop) is not.
+        site = ctx.cpp_site(side[0].rank, call)
+        return past_loop(ctx, [site] if site else [], inside)
+    return past_loop(ctx, ctx.frames(side[0].rank, call), inside)
 
 
 def past_loop(ctx: Context, outer: list[dict], inside: list[Position]) -> dict | None:
