@@ -15,7 +15,8 @@ from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
-from dtwatch.diagnose.wording.phrases import CPP_PREFIX, describe, fmt_ranks, fmt_site, verb, with_source
+from dtwatch.diagnose.wording.phrases import CPP_PREFIX, fmt_site, verb, with_source
+from dtwatch.diagnose.wording.waiting_words import not_seen_waiting_phrase, others_phrase, waiting_phrase
 
 P2P = ("send", "recv", "isend", "irecv")
 MATCHING_P2P = {"send": "recv", "isend": "recv", "recv": "send", "irecv": "send"}
@@ -283,9 +284,8 @@ class Context:
         collective: the list says so."""
         sample = self.ev.view_sample()
         if sample is None:
-            return fmt_ranks(ranks)
-        return (f"{fmt_ranks(ranks)} (of the ranks in this node's view; by every node's digest, {sample.blocked:,} "
-                f"of the job's {sample.ranks:,} ranks are inside a collective)")
+            return others_phrase(ranks)
+        return others_phrase(ranks, sample.blocked, sample.ranks)
 
     def waiting(self, ranks: Iterable[int]) -> tuple[dict, str]:
         """Finding fields and a phrase for the ranks that wait on the culprits. A rank that ended waits for
@@ -305,28 +305,17 @@ class Context:
         if not ranks:
             return fields, ""
         names = self.others(ranks)
-        waits = "waited" if ended else verb(ranks, "waits", "wait")
         if first is None:
-            # Not seen in any collective: they may be computing still, or about to fail the same way; that
-            # they wait for the culprit is not known.
-            if ended:
-                return fields, f"{names} ended as well"
-            if all(r in self.by_rank and self.by_rank[r].from_dump for r in ranks):
-                whose = verb(ranks, "its", "their")
-                return fields, f"{names} {verb(ranks, 'has', 'have')} no collective in flight in {whose} dump"
-            return fields, f"{names} {verb(ranks, 'is', 'are')} still running, in no collective seen"
+            from_dumps = all(r in self.by_rank and self.by_rank[r].from_dump for r in ranks)
+            return fields, not_seen_waiting_phrase(names, ranks, ended, from_dumps)
         where = {(self.pos[r].issued.group, self.pos[r].issued.seq, self.pos[r].issued.op) for r in ranks
                  if self.pos.get(r) is not None and self.pos[r].call is not None}
         returned = first.issued.is_async and first.issued.in_flight  # NCCL's model: the rank waits elsewhere
-        text = f"{names} {waits} in {describe(first.call)} at {self.fmt(site)}"
-        if returned:
-            text = f"{names} {waits} for {describe(first.call)}, issued at {self.fmt(site)}"
-            waits_at = self.by_rank[first.rank].main_site
-            if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) != first.issued.user_site_key:
-                text += f", at {self.fmt(waits_at)}"
-        if len(where) > 1:
-            text = f"{names} {'waited' if ended else 'wait'}, the first in {describe(first.call)} at {self.fmt(site)}"
-        return fields, text
+        waits_at = self.by_rank[first.rank].main_site if returned else None
+        if waits_at is not None and (waits_at.get("file"), waits_at.get("line")) == first.issued.user_site_key:
+            waits_at = None  # it waits at the line that issued it
+        return fields, waiting_phrase(names, ranks, ended, first.call, site, returned, waits_at, len(where) > 1,
+                                      self.fmt)
 
     def pending(self, rank: int) -> Position | None:
         """The call ``rank`` waits in: its position's call, unless that is one it completed before it came to
