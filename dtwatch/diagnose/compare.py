@@ -5,6 +5,8 @@ a loop the other is still in (uneven iterations), the same calls in another orde
 call only some ranks make (``rank_conditional``). Across groups and p2p pairs: who waits for whom,
 and which rank moved past a call its peers wait in. Before either, program-order alignment: the first
 earlier point where the ranks issued different calls that still completed.
+
+The decisions are here; their words are in :mod:`dtwatch.diagnose.wording.compare_words`.
 """
 from __future__ import annotations
 
@@ -15,7 +17,18 @@ from dtwatch.diagnose.loops import uneven
 from dtwatch.diagnose.mismatch import mismatch, site_key
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
 from dtwatch.diagnose.rank_state import CPP_OP, Call
-from dtwatch.diagnose.wording.phrases import CPP_PREFIX, describe, fmt_ranks, op_name, sentence, verb
+from dtwatch.diagnose.wording.compare_words import (
+    extra_call_summary,
+    never_seen_phrase,
+    order_swap_summary,
+    out_of_step_summary,
+    p2p_deadlock_summary,
+    skipped_summary,
+    skipped_wait_summary,
+    stalled_summary,
+    waits_behind_summary,
+)
+from dtwatch.diagnose.wording.phrases import CPP_PREFIX, describe
 from dtwatch.ops import SAME_SHAPE_OPS
 
 
@@ -70,8 +83,7 @@ def first_divergence(ctx: Context, blocked: list[Position]) -> Finding | None:
             finally:
                 ctx.pos, ctx.past = now_pos, False
             fields, waiting_txt = ctx.waiting(waiting)
-            f.summary = sentence(f.summary, "those calls were paired with each other and completed, so the ranks "
-                                 "went on out of step", f"now {waiting_txt}" if waiting_txt else "")
+            f.summary = out_of_step_summary(f.summary, waiting_txt)
             f.details["diverged_at"] = {"group": group, "seq": seq}
             for k, v in fields.items():
                 setattr(f, k, v)
@@ -136,26 +148,14 @@ def blocked_findings(ctx: Context, blocked: list[Position], waiting: list[int]) 
     fields, _ = ctx.waiting(waiting)
     site = ctx.user_site(p.rank, p.issued)
     unseen = _unseen_members(ctx, p.rank, p.issued)
-    culprits: list[int] = []
-    if unseen and _from_dumps(ctx):
-        # Every rank that dumped issued the call and it did not complete: the members with no dump are the only
-        # ones it can be waiting for (what they did is not in any dump).
-        seen = sorted(ctx.by_rank)
-        culprits = unseen
-        parts = [f"{fmt_ranks(seen)} (every rank that left a dump) {ctx.presence(seen)} {describe(p.issued)} at "
-                 f"{ctx.fmt(site)}, not completed", _never_seen(ctx, unseen),
-                 f"{verb(unseen, 'it is', 'they are')} the only member{'' if len(unseen) == 1 else 's'} of group "
-                 f"{p.issued.group} not shown in that call, so the others wait for {verb(unseen, 'it', 'them')}, "
-                 "unless the collective itself is not completing"]
-    elif unseen:
-        seen = sorted(ctx.by_rank)
-        parts = [f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
-                 f"{describe(p.issued)} at {ctx.fmt(site)}", _never_seen(ctx, unseen)]
-    else:
-        parts = [f"all ranks are inside {describe(p.issued)} at {ctx.fmt(site)} and none is missing",
-                 "the collective itself is not completing (network, transport, or a peer outside this job)"]
+    # Every rank that dumped issued the call and it did not complete: the members with no dump are the only
+    # ones it can be waiting for (what they did is not in any dump).
+    culprits = unseen if unseen and _from_dumps(ctx) else []
+    seen = sorted(ctx.by_rank)
+    summary = stalled_summary(p.issued, site, seen, ctx.presence(seen) if culprits else "", unseen, bool(culprits),
+                              _never_seen(ctx, unseen) if unseen else "", ctx.fmt)
     return [Finding(
-        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=culprits, summary=sentence(*parts),
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=culprits, summary=summary,
         op=p.issued.op, group=p.issued.group, seq=p.issued.seq, site=None if culprits else ctx.site(site),
         details={"unseen_ranks": unseen, **({"no_dump": unseen} if culprits else {})}, **fields,
     )]
@@ -191,30 +191,16 @@ def _schedule_deadlock(ctx: Context, cycle: list[Position], waiting: list[int]) 
     tests = {p.rank: ctx.branch(p.rank, p.issued) for p in cycle}
     tested = [r for r, b in tests.items() if b is not None]
     culprits = tested if len(tested) == 1 else sorted(ranks)
-    def peer_of(p: Position) -> str:
-        return f"{'from' if p.issued.op in ('recv', 'irecv') else 'to'} rank {p.issued.peer}"
-    each = "; ".join(f"rank {p.rank} is in {p.issued.op} {peer_of(p)} at {ctx.fmt(ctx.user_site(p.rank, p.issued))}"
-                     for p in cycle)
-    same = len({p.issued.op in ("recv", "irecv") for p in cycle}) == 1
-    why = (f"a {cycle[0].issued.op} is matched only by a {MATCHING_P2P[cycle[0].issued.op]}, so none of them can "
-           "proceed" if same else "each waits for a call the next one has not posted")
-    names = " and ".join(f"rank {r}" for r in ranks) if len(ranks) == 2 else fmt_ranks(ranks)
-    parts = [f"schedule deadlock between {names}: {each}", why,
-             "the ranks' point-to-point order disagrees: the program's schedule is at fault (a pipeline whose "
-             "warm-up count or send/recv order differs between the ranks)"]
-    if len(tested) == 1:
-        parts.append(f"rank {tested[0]}'s call is reached through the rank test {ctx.fmt(tests[tested[0]])}")
+    one_way = len({p.issued.op in ("recv", "irecv") for p in cycle}) == 1
     roles = _role_differences(ctx, ranks)
-    for r, (q, index, mine, theirs) in sorted(roles.items()):
-        parts.append(f"rank {r}'s point-to-point order differs from that of rank {q}, which talks to its peer the "
-                     f"same way (the same position in another pipeline or group): at its point-to-point call "
-                     f"{index + 1}, rank {r} made a {mine} where rank {q} made a {theirs}")
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in ranks)
-    if waiting_txt:
-        parts.append(waiting_txt)
+    lone = tested[0] if len(tested) == 1 else None
+    summary = p2p_deadlock_summary(cycle, [ctx.user_site(p.rank, p.issued) for p in cycle], one_way,
+                                   MATCHING_P2P[cycle[0].issued.op], lone, tests[lone] if lone is not None else None,
+                                   roles, waiting_txt, ctx.fmt)
     first = cycle[0]
     return Finding(
-        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=sentence(*parts), op=first.issued.op,
+        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=summary, op=first.issued.op,
         group=first.issued.group, seq=first.issued.seq, site=ctx.site(ctx.user_site(first.rank, first.issued)),
         details={"pattern": "p2p_deadlock", "cycle": [{"rank": p.rank, "op": p.issued.op, "peer": p.issued.peer,
                                                        "site": ctx.site(ctx.user_site(p.rank, p.issued))}
@@ -271,31 +257,9 @@ def _unseen_members(ctx: Context, rank: int, call: Call) -> list[int]:
 
 def _never_seen(ctx: Context, unseen: list[int]) -> str:
     """Why there is no state of ``unseen``, and what that leaves unknown."""
-    world = ctx.world
     damaged = sorted(set(unseen) & ctx.ev.unreadable())
-    unseen = [r for r in unseen if r not in damaged]
-    parts = []
-    if damaged:
-        it = "it" if len(damaged) == 1 else "they"
-        what = "a dump" if _from_dumps(ctx) else "a ring"
-        parts.append(f"{fmt_ranks(damaged)} wrote {what if len(damaged) == 1 else what[2:] + 's'} that could not be "
-                     f"read (damaged: see the damaged inputs), so whether {it} issued this call is not known")
-    if not unseen:
-        return "; ".join(parts)
-    pronoun = "it" if len(unseen) == 1 else "they"
-    if ctx.ev.view_sample() is not None:
-        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'is', 'are')} not in this "
-                     "node's view (a job this large exchanges only the ranks that stand out and a sample of the "
-                     f"others), so whether {pronoun} issued this call is not known here")
-    elif _from_dumps(ctx):
-        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) left no Flight Recorder dump (a crash or a "
-                     "kill before the others dumped, or a dump that was not written or not collected), so whether "
-                     f"{pronoun} issued this call is not known")
-    else:
-        parts.append(f"{fmt_ranks(unseen)} of the job (world size {world}) {verb(unseen, 'was', 'were')} never seen: "
-                     "no ring (started without dtwatch, or on a node whose watchdog this one cannot reach), so "
-                     f"whether {pronoun} issued this call is not known")
-    return "; ".join(parts)
+    return never_seen_phrase([r for r in unseen if r not in damaged], damaged, ctx.world, _from_dumps(ctx),
+                             ctx.ev.view_sample() is not None)
 
 
 def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: Call,
@@ -314,18 +278,10 @@ def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: 
     m_site = ctx.user_site(m, m_call)
     absent = ctx.missing(waiters[0], call)
     fields, _ = ctx.waiting(waiting)
-    head = (f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {ctx.fmt(site)} for "
-            f"{fmt_ranks(absent)}, which {verb(inner, 'is', 'are')} inside {describe(m_call)} at {ctx.fmt(m_site)}")
-    if unseen:
-        seen = "with a dump" if _from_dumps(ctx) else "dtwatch sees"
-        parts = [head, f"every member of that call {seen} has joined it; {_never_seen(ctx, unseen)}",
-                 "the rank that holds the job up is among them, or the call itself is not completing"]
-    else:
-        parts = [head, f"every member of group {m_call.group} has joined that call and none is missing",
-                 "that collective itself is not completing (network, transport, or a peer outside this job), "
-                 "and the others wait behind it"]
+    summary = waits_behind_summary(waiters, call, site, absent, inner, m_call, m_site, unseen, _from_dumps(ctx),
+                                   _never_seen(ctx, unseen) if unseen else "", ctx.fmt)
     return Finding(
-        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=sentence(*parts),
+        kind=Kind.STALLED_COLLECTIVE, severity=STALL, ranks=[], summary=summary,
         op=m_call.op, group=m_call.group, seq=m_call.seq, site=ctx.site(m_site),
         details={"unseen_ranks": unseen, "blocked_behind": {"op": call.op, "group": call.group, "seq": call.seq,
                                                             "site": ctx.site(site), "ranks": waiters}},
@@ -414,12 +370,7 @@ def _skipped(ctx: Context, side: list[Position], majority: list[Position], waiti
     mine_site = ctx.user_site(side[0].rank, mine)
     maj_ranks = sorted(p.rank for p in majority)
     fields, _ = ctx.waiting(maj_ranks)
-    summary = sentence(
-        f"{fmt_ranks(ranks)} did not call {describe(call)} that {fmt_ranks(maj_ranks)} "
-        f"{verb(maj_ranks, 'waits', 'wait')} in at {ctx.fmt(site)}",
-        f"that call is under the rank test {ctx.fmt(branch)}",
-        f"{fmt_ranks(ranks)} went on to {describe(mine)} at {ctx.fmt(mine_site)}",
-    )
+    summary = skipped_summary(ranks, call, site, maj_ranks, branch, mine, mine_site, ctx.fmt)
     return Finding(
         kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=ranks, summary=summary,
         op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
@@ -458,13 +409,8 @@ def _swapped(
     site_m = ctx.user_site(minority[0].rank, minority[0].issued)
     site_o = ctx.user_site(majority[0].rank, majority[0].issued)
     fields, _ = ctx.waiting(others)
-    summary = sentence(
-        f"{fmt_ranks(ranks)} and {fmt_ranks(others)} issue the same collectives of group {group} in a different order: "
-        f"at seq {seq}, {fmt_ranks(ranks)} {ctx.presence(ranks)} {op_name(minority[0].issued)} at {ctx.fmt(site_m)}, "
-        f"while {fmt_ranks(others)} {ctx.presence(others)} {op_name(majority[0].issued)} at {ctx.fmt(site_o)}; "
-        "both lines ran on every rank earlier",
-        f"the branch {ctx.fmt(branch)} decides the order on {fmt_ranks(ranks)}" if branch else "",
-    )
+    summary = order_swap_summary(group, seq, ranks, ctx.presence(ranks), minority[0].issued, site_m, others,
+                                 ctx.presence(others), majority[0].issued, site_o, branch, ctx.fmt)
     return Finding(
         kind=Kind.DESYNC, severity=STALL, ranks=ranks, summary=summary,
         op=minority[0].issued.op, group=group, seq=seq, site=ctx.site(site_m),
@@ -490,32 +436,20 @@ def conditional(ctx: Context, side: list[Position], others_pos: list[Position], 
     if call.site and site and site_key(call.site) != site_key(site):
         details["library_site"] = ctx.site(call.site)
     decided = branch is not None or len(side) < len(others_pos)
-    being = ctx.presence(ranks)
-    head = (f"{fmt_ranks(ranks)} {being} {describe(call)} at {ctx.fmt(site)}"
-            + (f" (through {ctx.fmt(call.site)})" if "library_site" in details else ""))
-    parts = [head]
-    if branch is not None:
-        parts.append(f"it is reached through the rank-conditional branch {ctx.fmt(branch)}")
-    if others_pos:
-        other_ranks = sorted(p.rank for p in others_pos)
-        parts.append(f"at the same point {ctx.others(other_ranks)} "
-                     f"{ctx.presence(other_ranks)} "
-                     f"{describe(others_pos[0].issued)} at "
-                     f"{ctx.fmt(ctx.user_site(others_pos[0].rank, others_pos[0].issued))}")
-    elif others_known:
-        parts.append(f"{fmt_ranks(details['skipped_by'])} of group {call.group} did not call it")
-    if waiting_txt and not others_pos:
-        parts.append(waiting_txt)
-    if not decided:
-        parts.append("the two sides are the same size and no rank-conditional branch was found, so which side "
-                     "deviates is not known")
-    if note:
-        parts.append(note)
+    other_ranks = sorted(p.rank for p in others_pos)
+    other = others_pos[0] if others_pos else None
+    summary = extra_call_summary(
+        ranks, ctx.presence(ranks), call, site, call.site if "library_site" in details else None, branch,
+        others=ctx.others(other_ranks) if other else "", others_presence=ctx.presence(other_ranks) if other else "",
+        other_call=other.issued if other else None,
+        other_site=ctx.user_site(other.rank, other.issued) if other else None,
+        skipped_by=details["skipped_by"] if others_known else None, waiting=waiting_txt, decided=decided, note=note,
+        fmt=ctx.fmt)
     # Without a rank test in the user's code the ranks took different paths for another reason (data,
     # a per-rank metric): a desync, named by where they differ.
     return Finding(
         kind=Kind.RANK_CONDITIONAL if branch is not None else Kind.DESYNC, severity=STALL, ranks=ranks,
-        summary=sentence(*parts), op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
+        summary=summary, op=call.op, group=call.group, seq=call.seq, site=ctx.site(site),
         details=details, **fields,
     )
 
@@ -572,22 +506,12 @@ def _wait_cycle(ctx: Context, edges: list[tuple[Position, int]], waiting: list[i
             branch = ctx.branch(m, mine[-1]) or branch
     m_site = ctx.user_site(m, m_call)
     expected = MATCHING_P2P.get(call.op, call.op)
-    parts = [
-        f"rank {m} did not issue {'the ' + expected + ' matching the ' + call.op if call.op in P2P else call.op} "
-        f"(group {call.group}, seq {call.seq}) that {fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in"
-        + (f"; rank {m} makes it at {ctx.fmt(site)}" if call.op in P2P and made_before else f" at {ctx.fmt(site)}"),
-    ]
-    if made_before:
-        parts.append(f"rank {m} made that call at the same line earlier, so it skipped it this time")
-    if m_call is not None:
-        its_missing = ctx.missing(m, m_call)
-        parts.append(f"rank {m} went on to {describe(m_call)} at {ctx.fmt(m_site)}"
-                     + (f", where it waits for {fmt_ranks(its_missing)}" if its_missing else ""))
-    if not made_before:
-        parts.append(f"rank {m} either skipped the call or makes it later in a different order")
+    its_missing = ctx.missing(m, m_call) if m_call is not None else []
+    summary = skipped_wait_summary(m, call, expected, call.op in P2P, waiters, site, made_before, m_call, m_site,
+                                   its_missing, ctx.fmt)
     fields, _ = ctx.waiting(r for r in waiting if r != m)
     return Finding(
-        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=[m], summary=sentence(*parts),
+        kind=Kind.RANK_CONDITIONAL, severity=STALL, ranks=[m], summary=summary,
         op=expected if call.op in P2P else call.op, group=call.group, seq=call.seq, site=ctx.site(site),
         details={"pattern": "skipped_call", "skipped_call_site": ctx.site(site), "conditional_line": branch,
                  "culprit_position": {"op": m_call.op, "group": m_call.group, "seq": m_call.seq,
