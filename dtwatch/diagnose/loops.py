@@ -12,7 +12,7 @@ import re
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind, Position
 from dtwatch.diagnose.rank_state import CPP_OP, Call
-from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, sentence, verb
+from dtwatch.diagnose.wording.loops_words import fewer_calls_summary, left_loop_summary, past_the_loop_summary
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -56,37 +56,24 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     s0 = ctx.by_rank[culprits[0]]
     call = side[0].call if side else ctx.last_call(culprits[0])
     fields, waiting_txt = ctx.waiting(r for r in waiting if r not in culprits)
-    where = ""
-    if side:
-        where = f"{ctx.waits(culprits)} in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}"
-    elif s0.gone:
-        where = f"then {ctx.how_it_ended(s0)}"
-    else:
-        where = f"{verb(culprits, 'is', 'are')} outside any collective, at {ctx.fmt(s0.main_site)}"
-    parts = [f"{fmt_ranks(culprits)} left the loop earlier than the others and {where}"]
-    if loop_fact:
-        inner_site = loop_fact["inside_site"]
-        inside_ranks = sorted(p.rank for p in inside) if inside else sorted(r for r in long_ranks if r not in culprits)
-        in_call = f"in {describe(inside[0].call)} " if inside else ""
-        tense = verb(inside_ranks, "is", "are") if not exited else verb(inside_ranks, "was", "were")
-        parts.append(f"{fmt_ranks(inside_ranks)} {tense} still inside the loop at "
-                     f"{ctx.fmt(loop_fact['loop_site'])}, {in_call}at {ctx.fmt(inner_site)}")
-    elif waiting_txt:
-        parts.append(waiting_txt)
-    if loader:
-        where = loader.get("user_site") or loader["site"]
-        parts.append(f"the DataLoader iterated at {ctx.fmt(where)} has different lengths per rank: "
-                     + ", ".join(f"rank {r}: {n}" for r, n in loader["lengths"].items()))
-    elif fewer:
-        parts.append("steps so far: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(ctx.steps.items())))
     exits = (loop_fact.get("exits") or loop_fact["loop"].exits) if loop_fact else ()
     branch = loop_fact.get("branch") if loop_fact else None
-    if not loader and exits:
-        parts.append("the loop can be left early at " + ", ".join(f"line {ln} `{text}`" for ln, text in exits[:3]))
-        if branch:
-            parts.append(f"the first is under the rank test {ctx.fmt(branch)}")
+    inside_ranks: list[int] = []
+    if loop_fact:
+        inside_ranks = sorted(p.rank for p in inside) if inside else sorted(r for r in long_ranks if r not in culprits)
+    loader_site = (loader.get("user_site") or loader["site"]) if loader else None
+    summary = left_loop_summary(
+        culprits, waits=ctx.waits(culprits) if side else None, call=call,
+        post_loop_site=ctx.user_site(side[0].rank, call) if side else None,
+        ended_how=ctx.how_it_ended(s0) if not side and s0.gone else None, outside_site=s0.main_site,
+        loop_site=loop_fact["loop_site"] if loop_fact else None,
+        inside_site=loop_fact["inside_site"] if loop_fact else None, inside_ranks=inside_ranks,
+        inside_known=bool(inside), inside_call=inside[0].call if inside else None, exited=exited,
+        waiting=waiting_txt, loader_site=loader_site,
+        loader_lengths=loader["lengths"] if loader else None, steps=ctx.steps if fewer else None, exits=exits,
+        branch=branch, fmt=ctx.fmt)
     if loader:
-        root = loader.get("user_site") or loader["site"]
+        root = loader_site
     elif exits and loop_fact:
         root = {"file": loop_fact["loop_site"]["file"], "line": exits[0][0], "source": exits[0][1]}
     elif loop_fact:
@@ -94,7 +81,7 @@ def uneven(ctx: Context, short: list[int], waiting: list[int], *, positions_know
     else:
         root = ctx.user_site(side[0].rank, call) if side else (call.site if call else None)
     return Finding(
-        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=sentence(*parts),
+        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=summary,
         op=call.op if call else None, group=call.group if call else None, seq=call.seq if call else None,
         site=ctx.site(root),
         details={"steps": {str(r): n for r, n in sorted(ctx.steps.items())}, "loaders": ctx.loaders,
@@ -115,28 +102,18 @@ def past_the_loop_in_dumps(ctx: Context, loop_fact: dict, side: list[Position], 
     past, within = sorted(p.rank for p in side), sorted(p.rank for p in inside)
     call, in_call = side[0].issued, inside[0].issued
     in_site = ctx.user_site(inside[0].rank, in_call)
-    parts = [f"{fmt_ranks(past)} {verb(past, 'is', 'are')} past the loop at {ctx.fmt(loop_fact['loop_site'])}, "
-             f"in {describe(call)} at {ctx.fmt(ctx.user_site(side[0].rank, call))}, while {fmt_ranks(within)} "
-             f"{verb(within, 'is', 'are')} still inside it, in {describe(in_call)} at {ctx.fmt(in_site)}"]
     counts = _calls_at_line(ctx, past + within, in_call.group, in_site)
-    if counts is not None:
-        by_count: dict[int, list[int]] = {}
-        for r, n in counts.items():
-            by_count.setdefault(n, []).append(r)
-        times = ", ".join(f"{n} time{'s' if n != 1 else ''} by {fmt_ranks(rs)}" for n, rs in sorted(by_count.items()))
-        parts.append(f"the call at line {in_site['line'] if in_site else '?'} was issued {times}")
-    parts.append(f"a dump holds no step counts, so whether the loop ran fewer times on {fmt_ranks(past)} or "
-                 f"{fmt_ranks(within)} made a call in it that the others did not is not known")
-    if len(past) == len(within):
-        culprits = sorted(past + within)
-        parts.append("the two sides are the same size, so which deviates is not known")
-    else:
-        culprits = past if len(past) < len(within) else within
-        parts.append(f"{fmt_ranks(culprits)}, the minority, {verb(culprits, 'deviates', 'deviate')}")
+    deviant = None  # the two sides are the same size: which deviates is not known
+    if len(past) != len(within):
+        deviant = past if len(past) < len(within) else within
+    culprits = deviant or sorted(past + within)
+    summary = past_the_loop_summary(
+        past, within, loop_site=loop_fact["loop_site"], call=call, post_loop_site=ctx.user_site(side[0].rank, call),
+        inside_call=in_call, inside_site=in_site, calls_at_line=counts, deviant=deviant, fmt=ctx.fmt)
     fields, _ = ctx.waiting(r for r in waiting if r not in culprits)
     mine = side[0] if culprits == past else inside[0]
     return Finding(
-        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=sentence(*parts), op=mine.issued.op,
+        kind=Kind.UNEVEN_ITERATIONS, severity=STALL, ranks=culprits, summary=summary, op=mine.issued.op,
         group=mine.issued.group, seq=mine.issued.seq, site=ctx.site(loop_fact["loop_site"]),
         details={"from_dump": True, "past_the_loop": past, "inside_the_loop": within, "calls_at_line": counts,
                  "post_loop_site": ctx.site(ctx.user_site(side[0].rank, call)), "inside_site": ctx.site(in_site),
@@ -280,48 +257,10 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
     o = more[0]
     site = ctx.user_site(o, call)
     line = per_rank_count(ctx, o, call)
-    counts = ", ".join(f"rank {r}: {ctx.by_rank[r].groups[group].seq} calls, {ctx.steps.get(r, 0)} steps"
-                       for r in sorted(short + more))
-    ended = all(ctx.by_rank[r].gone for r in short)
-    if ended:
-        parts = [f"{fmt_ranks(short)} exited normally with fewer collectives of group {group} than "
-                 f"{fmt_ranks(more)}, which {ctx.waits(more)} inside the loop in {describe(call)} at "
-                 f"{ctx.fmt(site)} ({counts})"]
-    else:
-        parts = [f"{fmt_ranks(short)} {ctx.waits(short)} in {describe(short_call)} at "
-                 f"{ctx.fmt(ctx.user_site(short[0], short_call))}, after the loop, while {fmt_ranks(more)} "
-                 f"{ctx.waits(more)} in {describe(call)} at {ctx.fmt(site)}, inside it ({counts}): "
-                 f"{fmt_ranks(short)} issued fewer collectives in the loop"]
-    steps_short = min(ctx.steps.get(r, 0) for r in short)
-    steps_more = max(ctx.steps.get(r, 0) for r in more)
-    if certain and steps_short <= steps_more + 1:
-        parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran as many optimizer steps "
-                     f"as {fmt_ranks(more)}, counting the step {fmt_ranks(more)} {verb(more, 'is', 'are')} in; the "
-                     "ranks issued a different number of collectives for the same steps, so the backend paired them "
-                     "out of step and the last call has no partner")
-    elif certain:
-        # Ahead by more than the step the others are in: their calls were paired with more of the others' calls
-        # per step than they issued themselves.
-        inside = verb(more, "it is", "they are")
-        parts.append(f"{fmt_ranks(short)} did not stop early: {verb(short, 'it', 'they')} ran more optimizer steps "
-                     f"({steps_short}) than {fmt_ranks(more)} ({steps_more}, and the step {inside} in); the ranks "
-                     "issued a different number of collectives per step, so the backend paired "
-                     f"them out of step and {fmt_ranks(short)} finished the loop on the others' calls")
-    else:
-        parts.append(f"{fmt_ranks(short)} either ran fewer iterations or issued fewer collectives in them; the "
-                     "optimizer steps are the same, so the number of collectives per iteration differs by rank")
-    if line is not None and line["kind"] == "rank_skip":
-        parts.append(f"the rest of an iteration is skipped under a rank test at {ctx.fmt(line)}: the ranks that "
-                     "take it issue fewer calls")
-    elif line is not None and line["kind"] == "skip":
-        parts.append(f"the loop skips the rest of an iteration at {ctx.fmt(line)}: a rank that takes it where its "
-                     "peers do not (a per-rank loss or data check) issues fewer calls")
-    elif line is not None:
-        parts.append(f"the loop runs DDP's no_sync() at {ctx.fmt(line)}: a rank that enters it on other iterations "
-                     "than its peers issues a different number of gradient all-reduces")
-    else:
-        parts.append("the usual causes: a rank-dependent skip before backward(), a no_sync window or accumulation "
-                     "count, or a call only some ranks make (an evaluation forward under a rank test)")
+    calls = {r: ctx.by_rank[r].groups[group].seq for r in short + more}
+    steps = {r: ctx.steps.get(r, 0) for r in short + more}
+    steps_short = min(steps[r] for r in short)
+    steps_more = max(steps[r] for r in more)
     # The deviant: the minority; between equal sides, the side that skipped under a rank test.
     if len(short) != len(more):
         culprits = sorted(short if len(short) < len(more) else more)
@@ -329,15 +268,20 @@ def fewer_calls(ctx: Context, short: list[int], more: list[int], group: str, cal
         culprits = sorted(short)
     else:
         culprits = sorted(short + more)
-        parts.append("which side deviates is not known from the calls alone")
+    summary = fewer_calls_summary(
+        short, more, group=group, call=call, site=site, short_call=short_call,
+        short_site=ctx.user_site(short[0], short_call), calls=calls, steps=steps,
+        ended=all(ctx.by_rank[r].gone for r in short), waits_short=ctx.waits(short), waits_more=ctx.waits(more),
+        certain=certain, ahead=steps_short > steps_more + 1, steps_short=steps_short, steps_more=steps_more,
+        line=line, deviant_known=len(culprits) < len(short + more), fmt=ctx.fmt)
     waiting = [r for r in short + more if r not in culprits and not ctx.by_rank[r].gone]
     fields, _ = ctx.waiting(waiting)
     # The op is the call one side issued more of (the other skipped it): the one inside the loop.
     return Finding(
-        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=sentence(*parts), op=call.op, group=group,
+        kind=Kind.DESYNC, severity=STALL, ranks=culprits, summary=summary, op=call.op, group=group,
         seq=call.seq, site=ctx.site(line if line is not None else site),
-        details={"pattern": "fewer_calls", "calls": {str(r): ctx.by_rank[r].groups[group].seq for r in short + more},
-                 "steps": {str(r): ctx.steps.get(r, 0) for r in short + more}, "conditional_line": line,
+        details={"pattern": "fewer_calls", "calls": {str(r): n for r, n in calls.items()},
+                 "steps": {str(r): n for r, n in steps.items()}, "conditional_line": line,
                  "inside_site": ctx.site(site), "stopped_early": False if certain else None,
                  "culprit_side": "both" if len(culprits) == len(short + more) else
                  "short" if set(culprits) <= set(short) else "more"},

@@ -16,7 +16,8 @@ from dtwatch.diagnose.flight import op_family
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, WARNING, Finding, Kind
 from dtwatch.diagnose.rank_state import RankState
 from dtwatch.diagnose.step_order import step_parting
-from dtwatch.diagnose.wording.phrases import fmt_ranks, parting_summary, sentence
+from dtwatch.diagnose.wording.order_words import at_stall_summary, seen_earlier_summary
+from dtwatch.diagnose.wording.phrases import parting_summary
 
 
 def call_branch(ev: Evidence, token: Token) -> dict | None:
@@ -121,8 +122,7 @@ def parting_at_stall(ctx: Context, waiting: list[int]) -> Finding | None:
     by_how: dict[str, list[int]] = {}
     for r, how in sorted(ended.items(), key=order):
         by_how.setdefault(how, []).append(r)
-    then = [f"{fmt_ranks(rs)} then {how}" for how, rs in by_how.items()]
-    f.summary = sentence(f.summary, *then, f"now {waiting_txt}" if waiting_txt else "")
+    f.summary = at_stall_summary(f.summary, by_how, waiting_txt)
     if ended:
         f.details["ended_by"] = {str(r): how for r, how in ended.items()}
     for k, v in fields.items():
@@ -143,13 +143,11 @@ def _seen_earlier(ctx: Context) -> Finding | None:
         if len(groups) < 2 or not any(g.recent and min(c.seq for c in g.recent) > w.seq for g in groups):
             continue
         when = time.strftime("%H:%M:%S", time.localtime(w.detected)) if w.detected else "earlier"
-        body = w.summary.replace(" and their results are mixed", "").rstrip(". ")
         kind = Kind.RANK_CONDITIONAL if details.get("conditional_line") and details.get("deviant_known", True) \
             else w.kind
         return Finding(
             kind=kind, severity=STALL, ranks=list(w.ranks), op=w.op, group=w.group, seq=w.seq, site=w.site,
-            summary=sentence(body, f"this was seen at {when} while the job ran; the records of those calls have "
-                             "been overwritten since, so whether the ranks came back in step after it is not known"),
+            summary=seen_earlier_summary(w.summary, when),
             onset=w.onset, detected=ctx.now, details={**details, "silent": False, "seen_earlier": when},
         )
     return None
