@@ -41,6 +41,7 @@ from typing import Any
 
 from dtwatch.diagnose.flight import frame_sites
 from dtwatch.diagnose.rank_state import Call, GroupProgress, RankState
+from dtwatch.diagnose.wording.dump_words import dump_fault, entry_fault
 
 FLIGHT_RECORDER = "flight_recorder"  # RankState.origin of a state made from a dump
 UNKNOWN = "unknown"  # RankState.exit_state when nothing says whether or how the process ended
@@ -81,48 +82,55 @@ class Dump:
 def dump_problem(doc: Any) -> str | None:
     """What makes ``doc`` (an unpickled or JSON-decoded file) not a Flight Recorder dump; None if it is one."""
     if not isinstance(doc, dict):
-        return f"it holds a {type(doc).__name__}, not a Flight Recorder dump's dict"
+        return dump_fault("not_a_dict", found=type(doc).__name__)
     if "entries" not in doc or "version" not in doc:
-        missing = [k for k in ("version", "entries") if k not in doc]
-        return f"it has no {' or '.join(missing)}: not a Flight Recorder dump"
+        return dump_fault("no_keys", missing=[k for k in ("version", "entries") if k not in doc])
     if not isinstance(doc["version"], str):
-        return f"its version is a {type(doc['version']).__name__}, not a string"
+        return dump_fault("version_not_text", found=type(doc["version"]).__name__)
     entries = doc["entries"]
     if not isinstance(entries, list):
-        return f"its entries are a {type(entries).__name__}, not a list"
+        return dump_fault("entries_not_a_list", found=type(entries).__name__)
     for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            return f"entry {i} is a {type(e).__name__}, not a dict"
-        missing = [k for k in REQUIRED if k not in e]
-        if missing:
-            return f"entry {i} has no {', '.join(missing)}"
-        pg = e["process_group"]
-        if not isinstance(pg, (list, tuple)) or not pg or not isinstance(pg[0], str):
-            return f"entry {i}'s process_group is not (name, description)"
-        if not isinstance(e["profiling_name"], str) or not all(isinstance(x, str) for x in pg):
-            return f"entry {i}'s profiling_name or process_group is not text"
-        for key in ("collective_seq_id", "op_id", "p2p_seq_id"):
-            if (key == "collective_seq_id" or e.get(key) is not None) and not (
-                    _is_int(e[key]) and 0 <= e[key] < MAX_NUMBER):
-                return f"entry {i}'s {key} is not a number from 0 to 2**40"
-        for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
-            if e.get(key) is not None and not (_is_int(e[key]) and e[key] >= 0):
-                return f"entry {i}'s {key} is not a time in nanoseconds"
-        dtypes = e.get("input_dtypes") or []
-        if not isinstance(e.get("state") or "", str) or not isinstance(dtypes, list) or \
-                not all(isinstance(d, str) for d in dtypes):
-            return f"entry {i}'s state or input_dtypes are not text"
-        frames, sizes = e.get("frames") or [], e.get("input_sizes") or []
-        if not isinstance(frames, list) or not isinstance(sizes, list):
-            return f"entry {i}'s frames or input_sizes are not lists"
-        if not all(isinstance(f, dict) and isinstance(f.get("filename", ""), str) and
-                   (f.get("line") is None or _is_int(f["line"])) for f in frames):
-            return f"entry {i} has a frame that is not a file name and a line number"
-        if not all(isinstance(d, list) and all(_is_int(x) for x in d) for d in sizes):
-            return f"entry {i}'s input_sizes are not lists of integers"
+        wrong = _entry_problem(i, e)
+        if wrong is not None:
+            return wrong
     for key in ("pg_config", "pg_status"):
         if doc.get(key) is not None and not isinstance(doc[key], dict):
-            return f"its {key} is a {type(doc[key]).__name__}, not a dict"
+            return dump_fault("config_not_a_dict", found=type(doc[key]).__name__, key=key)
+    return None
+
+
+def _entry_problem(i: int, e: Any) -> str | None:
+    """What makes entry ``i`` of a dump not a Flight Recorder entry; None if it is one."""
+    if not isinstance(e, dict):
+        return entry_fault(i, "not_a_dict", found=type(e).__name__)
+    missing = [k for k in REQUIRED if k not in e]
+    if missing:
+        return entry_fault(i, "no_keys", missing=missing)
+    pg = e["process_group"]
+    if not isinstance(pg, (list, tuple)) or not pg or not isinstance(pg[0], str):
+        return entry_fault(i, "process_group_not_a_pair")
+    if not isinstance(e["profiling_name"], str) or not all(isinstance(x, str) for x in pg):
+        return entry_fault(i, "names_not_text")
+    for key in ("collective_seq_id", "op_id", "p2p_seq_id"):
+        if (key == "collective_seq_id" or e.get(key) is not None) and not (
+                _is_int(e[key]) and 0 <= e[key] < MAX_NUMBER):
+            return entry_fault(i, "number_out_of_range", key=key)
+    for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+        if e.get(key) is not None and not (_is_int(e[key]) and e[key] >= 0):
+            return entry_fault(i, "time_not_ns", key=key)
+    dtypes = e.get("input_dtypes") or []
+    if not isinstance(e.get("state") or "", str) or not isinstance(dtypes, list) or \
+            not all(isinstance(d, str) for d in dtypes):
+        return entry_fault(i, "state_or_dtypes_not_text")
+    frames, sizes = e.get("frames") or [], e.get("input_sizes") or []
+    if not isinstance(frames, list) or not isinstance(sizes, list):
+        return entry_fault(i, "frames_or_sizes_not_lists")
+    if not all(isinstance(f, dict) and isinstance(f.get("filename", ""), str) and
+               (f.get("line") is None or _is_int(f["line"])) for f in frames):
+        return entry_fault(i, "frame_not_a_site")
+    if not all(isinstance(d, list) and all(_is_int(x) for x in d) for d in sizes):
+        return entry_fault(i, "sizes_not_integers")
     return None
 
 

@@ -18,7 +18,8 @@ from collections import defaultdict
 from dtwatch.diagnose.evidence import Evidence
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.rank_state import RankState
-from dtwatch.diagnose.wording.phrases import fmt_ranks, fmt_site, with_source
+from dtwatch.diagnose.wording.loader_words import uneven_loader_summary
+from dtwatch.diagnose.wording.phrases import with_source
 
 
 def loader_key(ld: dict) -> tuple:
@@ -101,33 +102,12 @@ def loader_evidence(states: list[RankState], ev: Evidence | None = None) -> list
     return out
 
 
-def loader_place(ld: dict, ev: Evidence | None = None) -> str:
-    """Where a loader is iterated: the user's line, and the library's loop it goes through."""
-    if ld.get("user_site"):
-        return f"{fmt_site(ld['user_site'], ev)} (iterated in {fmt_site(ld['site'], ev)})"
-    return fmt_site(ld["site"], ev)
-
-
-def _issued_text(issued: dict[str, int]) -> str:
-    """``4 on rank 1, 6 on ranks 0,2-3``: what each rank issued while the loop ran."""
-    by_count: dict[int, list[int]] = defaultdict(list)
-    for r, n in issued.items():
-        by_count[n].append(int(r))
-    return ", ".join(f"{n} on {fmt_ranks(sorted(rs))}" for n, rs in sorted(by_count.items()))
-
-
 def uneven_loader_warnings(states: list[RankState], now: float, ev: Evidence | None = None) -> list[Finding]:
     out = []
     for ld in loader_evidence(states, ev):
-        made = f" made at {fmt_site(ld['made_site'], ev)}" if ld.get("made_site") else ""
-        issued = ld.get("issued")
-        why = f" and its loop issues collectives (while it ran: {_issued_text(issued)})" if issued else ""
         out.append(Finding(
             kind=Kind.UNEVEN_ITERATIONS, severity=WARNING, ranks=ld["short_ranks"],
-            summary=f"DataLoader{made} iterated at {loader_place(ld, ev)} has different lengths across ranks "
-                    f"{ld['lengths']}{why}: {fmt_ranks(ld['short_ranks'])} will leave the loop early and the others "
-                    "will hang in their next collective in it (use DistributedSampler with the same drop_last "
-                    "everywhere, or the Join context manager)",
+            summary=uneven_loader_summary(ld, ev),
             site=ld["site"], detected=now, onset=now, details={"loader": ld},
         ))
     return out

@@ -36,7 +36,13 @@ from dataclasses import dataclass, field, replace
 
 from dtwatch.diagnose.model import WARNING, Finding, Kind
 from dtwatch.diagnose.rank_state import RankState
-from dtwatch.diagnose.wording.straggler_words import straggler_summary
+from dtwatch.diagnose.wording.straggler_words import (
+    TOO_FEW_STEPS,
+    lead_below_margin,
+    lead_not_below_step,
+    rarely_last,
+    straggler_summary,
+)
 
 MAX_COMPARED = 200  # the newest collectives of group 0 compared across ranks
 FILL_BACK = 10 * MAX_COMPARED  # how far back from the newest number the issue times are filled in
@@ -190,7 +196,7 @@ def judge(lags: EntryLags, steps: list[Step] | None = None) -> Verdict:
     """One look: is one rank the last, by more than the noise, in nearly all of the newest steps?"""
     steps = (lags.steps if steps is None else steps)[-WINDOW_STEPS:]
     if len(lags.medians) < 2 or len(steps) < MIN_STEPS:
-        return Verdict(None, len(steps), why="too few steps")
+        return Verdict(None, len(steps), why=TOO_FEW_STEPS)
     step = lags.step_period if lags.stepped else lags.period
     leads = [s.leads() for s in steps]
     ranks = sorted(leads[0])
@@ -207,12 +213,11 @@ def judge(lags: EntryLags, steps: list[Step] | None = None) -> Verdict:
     v = Verdict(None, len(steps), last_in[cand], lead, noise, margin, step, steps[0].first_seq, steps[-1].last_seq,
                 steps[0].start, steps[-1].end)
     if last_in[cand] < MIN_SHARE * len(steps):
-        v.why = f"rank {cand} was the last in only {last_in[cand]} of {len(steps)} steps"
+        v.why = rarely_last(cand, last_in[cand], len(steps))
     elif lead < margin:
-        v.why = f"rank {cand}'s median lead {lead * 1000:.1f} ms is below the margin {margin * 1000:.1f} ms"
+        v.why = lead_below_margin(cand, lead, margin)
     elif step and lead + (CLOCK_INTERVAL if clock else 0.0) >= step:
-        v.why = (f"rank {cand}'s median lead {lead * 1000:.1f} ms is not less than a step ({step * 1000:.1f} ms"
-                 + (", less the sequence clock's interval)" if clock else ")"))
+        v.why = lead_not_below_step(cand, lead, step, clock)
     else:
         v.rank = cand
     return v
