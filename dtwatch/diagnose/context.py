@@ -15,6 +15,7 @@ from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
+from dtwatch.diagnose.wording.ending_words import STILL_RUNNING, ring_ending, signal_ending
 from dtwatch.diagnose.wording.phrases import CPP_PREFIX, fmt_site, verb, with_source
 from dtwatch.diagnose.wording.waiting_words import not_seen_waiting_phrase, others_phrase, waiting_phrase
 
@@ -350,17 +351,11 @@ class Context:
             return self.told(s).text
         ending = self.ending(s.rank) if s.exit_state == "running" else None
         sig = (ending or {}).get("signal")
-        if sig == "SIGABRT":
-            return "was aborted (SIGABRT, raised by native code such as a gloo or NCCL check)"
-        if sig == "SIGTERM":
-            return "was terminated (SIGTERM: the launcher tearing the job down, or a scheduler)"
-        if sig == "unknown fatal signal":
-            return "died of a fatal signal (faulthandler recorded the crash, not which signal)"
         if sig:
-            return f"was killed by {sig}"
+            return signal_ending(str(sig))
         if s.gone and (ending or {}).get("exit"):
             return self.told(s).text  # os._exit: the file was written, the ring not
-        return s.how_it_ended() if s.gone else "is running"
+        return ring_ending(s.exit_state, s.exit_code, s.exit_reason, s.alive) if s.gone else STILL_RUNNING
 
 
 _FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")

@@ -1,5 +1,6 @@
 """Ranks that ended while others need them: the root (not the launcher's teardown), how it ended, and
-a crash that followed a desync reported as the desync."""
+a crash that followed a desync reported as the desync. The words are in
+:mod:`dtwatch.diagnose.wording.ended_words`."""
 from __future__ import annotations
 
 from dtwatch.diagnose.compare import conditional, desync, sides_at
@@ -18,7 +19,19 @@ from dtwatch.diagnose.loops import (
 from dtwatch.diagnose.model import PEER_ERRORS, STALL, Finding, Kind, Position
 from dtwatch.diagnose.order import parting_at_stall
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
-from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, sentence, trim, verb
+from dtwatch.diagnose.wording.ended_words import (
+    OTHERS_NOT_RECORDED,
+    crashed_past_loop_summary,
+    every_rank_failed_summary,
+    exited_after_same_calls,
+    exited_normally,
+    exited_summary,
+    followed_by,
+    same_gpu_words,
+    teardown,
+    then_crashed,
+    then_failed,
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -35,7 +48,7 @@ def gone_findings(ctx: Context, gone: list[int], waiting: list[int]) -> list[Fin
         first = min(blocked, key=lambda p: p.issued.t_enter) if blocked else None
         if first is not None and first.issued.op not in P2P and ctx.branch(first.rank, first.issued):
             side = [p for p in blocked if p.key() == first.key()]
-            return [conditional(ctx, side, [], waiting, f"{fmt_ranks(clean)} exited normally")]
+            return [conditional(ctx, side, [], waiting, exited_normally(clean))]
     roots = _roots(ctx, [by_rank[r] for r in gone]) or gone
     return [exited(ctx, r, [x for x in waiting if x not in roots]) for r in sorted(roots)]
 
@@ -48,10 +61,14 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
     told = ctx.told(s) if s.exit_state in ("exception", "exited") else None
     known_at = told.site if told is not None else None  # the line that raised or called the exit
     site = known_at or ctx.user_site(r, last)
-    parts = [f"rank {r} {ctx.how_it_ended(s)}"]
+    at = known_at
+    # Where it left the loop the others are still in: the loop, the exit it took, the rank test over it; or an
+    # os._exit() that can leave it (see ended_words.exited_summary).
+    loop_site: dict | None = None
+    exit_site: dict | None = None
+    exit_branch: dict | None = None
+    possible_exit: dict | None = None
     details: dict = {}
-    if known_at:
-        parts.append(f"at {ctx.fmt(known_at)}")
     if s.exit_state == "exited":
         # Left the loop the others are still in: name that exit (the recorded one, else the loop's exit a
         # rank test leads to) and its rank test.
@@ -63,17 +80,15 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
         exits = exits[:1] if exits and is_return(exits[0][1]) else []
         if fact is not None and exits:
             line, text = exits[0]
-            exit_site = {"file": fact["loop_site"]["file"], "line": line,
-                         "function": fact["loop_site"].get("function"), "source": text}
+            taken = {"file": fact["loop_site"]["file"], "line": line,
+                     "function": fact["loop_site"].get("function"), "source": text}
             branch = ctx.ev.rank_branch(fact["loop_site"]["file"], line) and fact["branch"]
             if known_at is None:
-                site = exit_site
-                parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early, through {ctx.fmt(exit_site)}"
-                             + (f" under the rank test {ctx.fmt(fact['branch'])}" if fact["branch"] else ""))
+                site = exit_site = taken
+                loop_site, exit_branch = fact["loop_site"], fact["branch"]
                 details["conditional_line"] = fact["branch"]
             else:
-                parts.append(f"it left the loop at {ctx.fmt(fact['loop_site'])} early"
-                             + (f", under the rank test {ctx.fmt(fact['branch'])}" if branch else ""))
+                loop_site, exit_branch = fact["loop_site"], fact["branch"] if branch else None
                 if branch:
                     details["conditional_line"] = fact["branch"]
     elif s.alive is False and s.exit_state == "running" and not (ctx.ending(r) or {}).get("signal") \
@@ -86,22 +101,18 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
             line, text = hard[0]
             site = {"file": fact["loop_site"]["file"], "line": line, "function": fact["loop_site"].get("function"),
                     "source": text}
-            parts.append(f"the loop at {ctx.fmt(fact['loop_site'])} that the others are still in can end the process "
-                         f"at {ctx.fmt(site)}, which leaves no record, as here")
+            loop_site, possible_exit = fact["loop_site"], site
             details["possible_exit"] = site
     elif s.exit_state == "running" and known_at is None and (ctx.ending(r) or {}).get("exit"):
         told = ctx.told(s)
         if told.site:
-            site = told.site
-            parts.append(f"at {ctx.fmt(told.site)}")
-    last_site = ctx.user_site(r, last)
-    parts.append((f"its last collective was {describe(last)}" + (f" at {ctx.fmt(last_site)}" if last_site else ""))
-                 if last else "it had issued no collective")
-    if told is not None and DDP_UNFINISHED in told.error:
-        parts.append(_ddp_unfinished(r, last, fields))
-    parts += [waiting_txt, extra]
+            site = at = told.site
+    ddp_unfinished = told is not None and DDP_UNFINISHED in told.error
+    summary = exited_summary(r, ctx.how_it_ended(s), at, last, ctx.user_site(r, last), waiting_txt, extra, ctx.fmt,
+                             loop_site=loop_site, exit_site=exit_site, branch=exit_branch, possible_exit=possible_exit,
+                             ddp_unfinished=ddp_unfinished, next_waiting=_waiting_next(last, fields))
     return Finding(
-        kind=Kind.RANK_EXITED, severity=STALL, ranks=[r], summary=sentence(*parts),
+        kind=Kind.RANK_EXITED, severity=STALL, ranks=[r], summary=summary,
         op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
         site=ctx.site(site),
         details={"exit_state": s.exit_state, "exit_reason": s.exit_reason, "pid": s.pid, "host": s.host,
@@ -112,17 +123,14 @@ def exited(ctx: Context, r: int, others: list[int], extra: str = "") -> Finding:
 DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
 
 
-def _ddp_unfinished(r: int, last: Call | None, fields: dict) -> str:
-    """What DDP's "Expected to have finished reduction" error means for the ranks that wait."""
-    waited = ""
+def _waiting_next(last: Call | None, fields: dict) -> list[int]:
+    """The ranks that wait in the call of ``last``'s group after it (the gradient all-reduce DDP's "Expected to
+    have finished reduction" says was never issued), from the finding's waiting fields; none where they wait
+    elsewhere."""
     if last is not None and fields.get("waiting_ranks") and fields.get("waiting_group") == last.group \
             and fields.get("waiting_seq") == last.seq + 1:
-        who = fields["waiting_ranks"]
-        waited = f" (seq {last.seq + 1} of group {last.group}, which {fmt_ranks(who)} {verb(who, 'waits', 'wait')} in)"
-    return (f"DDP raises this at the forward after a step in which some of rank {r}'s parameters got no gradient: "
-            f"a gradient all-reduce of that step was never issued on rank {r}{waited}; that step's forward left "
-            "those parameters out of the loss (a branch or an early return in forward; if that is intended, pass "
-            "find_unused_parameters=True to DistributedDataParallel)")
+        return list(fields["waiting_ranks"])
+    return []
 
 
 def _crashed_past_loop(ctx: Context, r: int, others: list[int], extra: str) -> Finding | None:
@@ -134,14 +142,9 @@ def _crashed_past_loop(ctx: Context, r: int, others: list[int], extra: str) -> F
     if fact is None:
         return None
     f = exited(ctx, r, others, extra)
-    loop_txt = f"{ctx.fmt(fact['loop_site'])}"
-    inside = sorted(others)
     f.kind = Kind.UNEVEN_ITERATIONS
-    f.summary = sentence(
-        f"rank {r} left the loop at {loop_txt} earlier than {fmt_ranks(inside)}: it was at {ctx.fmt(outer[0])}, "
-        f"after the loop, while they were still inside it at {ctx.fmt(fact['inside_site'])}",
-        f.summary,
-    )
+    f.summary = crashed_past_loop_summary(r, fact["loop_site"], sorted(others), outer[0], fact["inside_site"],
+                                          f.summary, ctx.fmt)
     f.site = ctx.site(fact["loop_site"])
     f.details["crash_site"] = ctx.site(outer[0])
     f.details["loop"] = {"file": fact["loop_site"]["file"], "line": fact["loop"].start,
@@ -211,16 +214,16 @@ def exit_findings(states: list[RankState], now: float, evidence: Evidence) -> li
             return [f] if f is not None else []
         others = [s.rank for s in states if s.rank not in roots]
         torn = sorted(s.rank for s in ended if s.rank not in roots and not _secondary(ctx, s) and not s.clean_exit)
-        extra = f"{fmt_ranks(torn)} then ended too (the launcher's teardown)" if torn else ""
+        extra = teardown(torn) if torn else ""
         return [_crashed_past_loop(ctx, r, others, extra) or exited(ctx, r, others, extra) for r in roots]
     clean = sorted(s.rank for s in ended if s.exit_state == "exited")
     failed = [s.rank for s in states if _secondary(ctx, s)]
     if clean and failed:
         reasons = {s.rank: ctx.told(s).error for s in states if _secondary(ctx, s)}
-        extra = "then " + "; ".join(f"rank {r} failed: {trim(why, 160)}" for r, why in sorted(reasons.items()))
+        extra = then_failed(reasons)
         f = beyond_clean_exit(ctx, clean, failed) or uneven(ctx, clean, failed, positions_known=False, exited=True)
         if f:
-            f.summary = sentence(f.summary, extra)
+            f.summary = followed_by(f.summary, extra)
             return [f]
         return [exited(ctx, r, failed, extra) for r in clean]
     return []
@@ -243,22 +246,14 @@ def every_rank_failed(ctx: Context) -> Finding | None:
     first = kinds[0][0]
     calls = {r: ctx.last_call(r) for r in told}
     first_call = all(c is None or c.seq <= 1 for c in calls.values())
-    parts = []
-    for ranks in kinds:
-        t = told[ranks[0]]
-        where = f" at {ctx.fmt(t.site)}" if t.site else ""
-        who = "every rank" if len(ranks) == len(told) else fmt_ranks(ranks)
-        parts.append(f"{who} {t.text}{where}")
-    when = ("in its first collective" if first_call and any(c is not None for c in calls.values()) else
-            "before its first collective" if all(c is None for c in calls.values()) else "")
-    if when:
-        parts[0] += f" ({when})"
+    when = ("in" if first_call and any(c is not None for c in calls.values()) else
+            "before" if all(c is None for c in calls.values()) else "")
     cause = same_gpu_cause(ctx, told)
-    if cause:
-        parts.append(cause)
+    summary = every_rank_failed_summary([(ranks, told[ranks[0]].text, told[ranks[0]].site) for ranks in kinds],
+                                        len(told), when, cause, ctx.fmt)
     last = calls[first]
     return Finding(
-        kind=Kind.RANK_EXITED, severity=STALL, ranks=sorted(told), summary=sentence(*parts),
+        kind=Kind.RANK_EXITED, severity=STALL, ranks=sorted(told), summary=summary,
         op=last.op if last else None, group=last.group if last else None, seq=last.seq if last else None,
         site=ctx.site(told[first].site),
         details={"every_rank_failed": True, "errors": {str(r): t.error for r, t in sorted(told.items())},
@@ -274,13 +269,8 @@ def same_gpu_cause(ctx: Context, told: dict[int, Told]) -> str:
         if s.gpu_uuid:
             by_device.setdefault((s.host, s.gpu_uuid), []).append(s.rank)
     shared = [sorted(r) for r in by_device.values() if len(r) > 1]
-    if shared:
-        return ("; ".join(f"{fmt_ranks(r)} share one GPU" for r in shared) + " (set each rank's device from "
-                "LOCAL_RANK before its first collective: torch.cuda.set_device(local_rank))")
-    if any(("duplicate gpu" in t.error.lower() or "same gpu" in t.error.lower()) for t in told.values()):
-        return ("the error says two ranks use the same GPU (set the device from LOCAL_RANK before the first "
-                "collective, e.g. torch.cuda.set_device(local_rank))")
-    return ""
+    error_says = any(("duplicate gpu" in t.error.lower() or "same gpu" in t.error.lower()) for t in told.values())
+    return same_gpu_words(shared, error_says)
 
 
 def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Finding | None:
@@ -310,8 +300,7 @@ def beyond_clean_exit(ctx: Context, clean: list[int], others: list[int]) -> Find
             ctx.past = True
             try:
                 side = [Position(r, "blocked", call, None) for r in more]
-                f = conditional(ctx, side, [], [], f"{fmt_ranks(clean)} exited normally after the same {end} calls of "
-                                f"group {group} that {fmt_ranks(more)} had made before it")
+                f = conditional(ctx, side, [], [], exited_after_same_calls(clean, end, group, more))
             finally:
                 ctx.past = False
             f.details["program_order"] = True  # a call past the end of its peers' program
@@ -346,19 +335,16 @@ def crash_desync(ctx: Context, roots: list[int]) -> list[Finding]:
         if root_call.op == CPP_OP or ctx.branch(roots[0], root_call) is None:
             return []
         ctx.pos = {**ctx.pos, roots[0]: Position(roots[0], "blocked", root_call, None)}
-        how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
         f = conditional(ctx, [ctx.pos[roots[0]]], [], sorted(r for r in known if r != roots[0]),
-                        "what the other ranks issued at that sequence number was not recorded before they ended",
-                        others_known=False)
-        f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
+                        OTHERS_NOT_RECORDED, others_known=False)
+        f.summary = then_crashed(f.summary, [(r, ctx.how_it_ended(ctx.by_rank[r])) for r in roots])
         return with_cpp_entries(ctx, [f])
     sides = sides_at(ctx, [Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()])
     if len(sides) < 2:
         return []
     ctx.pos = {r: Position(r, "blocked", c, ctx.by_rank[r].main_site) for r, c in calls.items()}
     f = desync(ctx, last.group, last.seq, list(sides.values()), sorted(calls))
-    how = "; ".join(f"rank {r} {ctx.how_it_ended(ctx.by_rank[r])}" for r in roots)
-    f.summary = f.summary.rstrip(".") + f"; the job then crashed ({how})."
+    f.summary = then_crashed(f.summary, [(r, ctx.how_it_ended(ctx.by_rank[r])) for r in roots])
     f.details["ended_by"] = {str(s.rank): ctx.how_it_ended(s) for s in ctx.states}
     unknown = sorted(r for r, c in known.items() if c is None)
     if unknown:

@@ -4,7 +4,7 @@ exception a framework turned into it), ``os._exit``, a signal, or nothing record
 
 The facts are the ring's exit state and the rank's exit file (``ending["exit"]``, written as the process
 ended: :mod:`dtwatch.record.endings`), whichever is there; the file has the whole message and every
-frame, the ring 256 bytes. Pure: no I/O.
+frame, the ring 256 bytes. Pure: no I/O. The words are in :mod:`dtwatch.diagnose.wording.ending_words`.
 """
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dtwatch.diagnose.rank_state import RankState
+from dtwatch.diagnose.wording.ending_words import (
+    exit_call_text,
+    exit_status_error,
+    exit_status_text,
+    raised_text,
+    ring_ending,
+)
 from dtwatch.exception_text import Raised, raised, short_message
 
 _AT_LINE = re.compile(r"(?s)^(?P<reason>.*) at (?P<file>\S+):(?P<line>\d+)$")  # "... at FILE:LINE" (the last)
@@ -39,16 +46,15 @@ def tell(s: RankState, ending: dict | None, is_library: Callable[[str], bool]) -
     if s.exit_state == "exception":
         told = _exception(facts if how == "exception" else {}, s.exit_reason)
         site, frames = _user_site(told.frames, is_library)
-        return Told(f"raised {told.text()}", site, frames, told.text(), failed=True)
+        return Told(raised_text(told.text()), site, frames, told.text(), failed=True)
     if s.exit_state == "exited" and how in ("sys.exit", "os._exit"):
         return _exit_call(facts, is_library)
-    if s.exit_state == "exited" and s.exit_code:
-        return Told(f"exited with status {s.exit_code}", None, error=f"exit status {s.exit_code}", failed=True)
-    if s.exit_state == "exited":
-        return Told("exited normally (no exception, exit status or signal was recorded)", None)
+    if s.exit_state == "exited":  # an exit status (0: a normal exit), the call that gave it not known
+        code = s.exit_code
+        return Told(exit_status_text(code), None, error=exit_status_error(code) if code else "", failed=bool(code))
     if s.exit_state == "running" and how == "os._exit":  # the ring could not be written, the file was
         return _exit_call(facts, is_library)
-    return Told(s.how_it_ended(), None)
+    return Told(ring_ending(s.exit_state, s.exit_code, s.exit_reason, s.alive), None)
 
 
 def _exception(facts: dict, reason: str) -> Raised:
@@ -74,21 +80,18 @@ def _user_site(frames: tuple[dict, ...] | list[dict],
 def _exit_call(facts: dict, is_library: Callable[[str], bool]) -> Told:
     code = int(facts.get("code") or 0)
     site, frames = _user_site(list(facts.get("frames") or []), is_library)
-    call = f"{facts['how']}({facts.get('argument', code)})"
+    how, argument = str(facts["how"]), facts.get("argument", code)
     handling = facts.get("handling")
-    if facts["how"] == "os._exit":
-        text = f"ended the process with {call}"
-    else:
-        text = f"exited with status {code} through {call}"
     if handling:
         told = raised(str(handling.get("type") or "Exception"), str(handling.get("message") or ""),
                       list(handling.get("frames") or []))
         h_site, h_frames = _user_site(told.frames, is_library)
         # A framework caught the error and ended the process (Hydra: "Error executing job"): the error is
         # what happened, and its line is the one that raised.
-        text += f" while handling {told.text()}"
-        return Told(text, h_site or site, h_frames or frames, told.text(), failed=True)
-    return Told(text, site, frames, f"exit status {code}" if code else "", failed=bool(code))
+        return Told(exit_call_text(how, argument, code, told.text()), h_site or site, h_frames or frames, told.text(),
+                    failed=True)
+    return Told(exit_call_text(how, argument, code, None), site, frames, exit_status_error(code) if code else "",
+                failed=bool(code))
 
 
 def same_error(a: Told, b: Told) -> bool:

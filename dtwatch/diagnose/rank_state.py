@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from dtwatch.diagnose.wording.ending_words import ring_ending
 from dtwatch.ring import DTYPES, FLAG_ASYNC, FLAG_ENQUEUED, FLAG_MARKER, OPS, RankSnapshot, Site
 from dtwatch.ring.layout import NO_SEQ
 
@@ -142,20 +143,9 @@ class RankState:
         return sync[-1] if sync else None
 
     def how_it_ended(self) -> str:
-        """What the ring itself knows (the diagnosis adds the signal faulthandler recorded, if any)."""
-        if self.exit_state == "exception":
-            return f"raised {self.exit_reason}"
-        if self.exit_state == "exited" and self.exit_code:
-            return f"exited with status {self.exit_code} ({self.exit_reason})" if self.exit_reason else \
-                f"exited with status {self.exit_code}"
-        if self.exit_state == "exited":
-            return "exited normally (no exception, exit status or signal was recorded)"
-        if self.exit_state == "detached":
-            return "uninstalled dtwatch"
-        if self.alive is False:
-            return ("ended without a Python exception or a normal exit (no exit was recorded: a signal such as "
-                    "SIGKILL, or os._exit)")
-        return "running"
+        """What the ring itself knows, in words (the diagnosis adds the signal faulthandler recorded, if any:
+        :meth:`dtwatch.diagnose.context.Context.how_it_ended`)."""
+        return ring_ending(self.exit_state, self.exit_code, self.exit_reason, self.alive)
 
     def last_call(self) -> Call | None:
         calls = [c for g in self.groups.values() for c in g.recent]
