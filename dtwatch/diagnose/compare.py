@@ -272,11 +272,12 @@ def _waits_behind(ctx: Context, call: Call, waiters: list[int], m: int, m_call: 
     if any(r in ctx.by_rank for r in ctx.missing(m, m_call)):
         return None
     unseen = _unseen_members(ctx, m, m_call)
-    inner = sorted(r for r, q in ctx.pos.items() if q.call is not None and q.issued.group == m_call.group
-                   and q.issued.seq == m_call.seq and q.issued.op == m_call.op) or [m]
+    absent = ctx.missing(waiters[0], call)
+    # Of the ranks the waiters wait for, those in m's call (m among them); any other is elsewhere.
+    inner = sorted(r for r, q in ctx.pos.items() if r in absent and q.call is not None and q.issued.group ==
+                   m_call.group and q.issued.seq == m_call.seq and q.issued.op == m_call.op) or [m]
     site = ctx.user_site(waiters[0], call)
     m_site = ctx.user_site(m, m_call)
-    absent = ctx.missing(waiters[0], call)
     fields, _ = ctx.waiting(waiting)
     summary = waits_behind_summary(waiters, call, site, absent, inner, m_call, m_site, unseen, _from_dumps(ctx),
                                    _never_seen(ctx, unseen) if unseen else "", ctx.fmt)

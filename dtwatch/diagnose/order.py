@@ -147,7 +147,7 @@ def _seen_earlier(ctx: Context) -> Finding | None:
             else w.kind
         return Finding(
             kind=kind, severity=STALL, ranks=list(w.ranks), op=w.op, group=w.group, seq=w.seq, site=w.site,
-            summary=seen_earlier_summary(w.summary, when),
+            summary=seen_earlier_summary(w.summary, when if w.detected else None),
             onset=w.onset, detected=ctx.now, details={**details, "silent": False, "seen_earlier": when},
         )
     return None

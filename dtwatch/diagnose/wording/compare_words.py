@@ -73,10 +73,13 @@ def stalled_summary(call: Call, site: dict | None, seen: list[int], presence: st
 def waits_behind_summary(waiters: list[int], call: Call, site: dict | None, absent: list[int], inner: list[int],
                          m_call: Call, m_site: dict | None, unseen: list[int], from_dumps: bool, never_seen: str,
                          fmt: Fmt) -> str:
-    """``waiters`` wait in ``call`` for ``absent``, and ``inner`` are inside ``m_call``, where no rank with a state
-    is missing: ``unseen`` members have none (``never_seen`` says why), or the call is not completing."""
-    head = (f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {fmt(site)} for "
-            f"{fmt_ranks(absent)}, which {verb(inner, 'is', 'are')} inside {describe(m_call)} at {fmt(m_site)}")
+    """``waiters`` wait in ``call`` for ``absent``; ``inner``, those of them inside ``m_call`` (at least one), where
+    no rank with a state is missing: ``unseen`` members have none (``never_seen`` says why), or the call is not
+    completing. Absent ranks elsewhere are not placed: only those inside ``m_call`` are said to be there."""
+    where = f"inside {describe(m_call)} at {fmt(m_site)}"
+    head = f"{fmt_ranks(waiters)} {verb(waiters, 'waits', 'wait')} in {describe(call)} at {fmt(site)} for " + (
+        f"{fmt_ranks(absent)}, which {verb(absent, 'is', 'are')} {where}" if inner == absent else
+        f"{fmt_ranks(absent)}; {fmt_ranks(inner)} {verb(inner, 'is', 'are')} {where}")
     if unseen:
         seen = "with a dump" if from_dumps else "dtwatch sees"
         return sentence(head, f"every member of that call {seen} has joined it; {never_seen}",

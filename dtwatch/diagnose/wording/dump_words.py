@@ -13,15 +13,15 @@ EntryFault = Literal["not_a_dict", "no_keys", "process_group_not_a_pair", "names
                      "sizes_not_integers"]
 
 _DUMP: dict[DumpFault, str] = {
-    "not_a_dict": "it holds a {found}, not a Flight Recorder dump's dict",
+    "not_a_dict": "it holds {a_found}, not a Flight Recorder dump's dict",
     "no_keys": "it has no {missing}: not a Flight Recorder dump",
-    "version_not_text": "its version is a {found}, not a string",
-    "entries_not_a_list": "its entries are a {found}, not a list",
-    "config_not_a_dict": "its {key} is a {found}, not a dict",
+    "version_not_text": "its version is {a_found}, not a string",
+    "entries_not_a_list": "its entries are {a_found}, not a list",
+    "config_not_a_dict": "its {key} is {a_found}, not a dict",
 }
 
 _ENTRY: dict[EntryFault, str] = {
-    "not_a_dict": "entry {entry} is a {found}, not a dict",
+    "not_a_dict": "entry {entry} is {a_found}, not a dict",
     "no_keys": "entry {entry} has no {missing}",
     "process_group_not_a_pair": "entry {entry}'s process_group is not (name, description)",
     "names_not_text": "entry {entry}'s profiling_name or process_group is not text",
@@ -37,10 +37,15 @@ _ENTRY: dict[EntryFault, str] = {
 def dump_fault(fault: DumpFault, *, found: str = "", missing: Sequence[str] = (), key: str = "") -> str:
     """What is wrong with the dump as a whole: ``found`` is the name of the type found where another belongs,
     ``missing`` the top-level fields it lacks, ``key`` the field (``pg_config``/``pg_status``) at fault."""
-    return _DUMP[fault].format(found=found, missing=" or ".join(missing), key=key)
+    return _DUMP[fault].format(a_found=_a(found), missing=" or ".join(missing), key=key)
 
 
 def entry_fault(entry: int, fault: EntryFault, *, found: str = "", missing: Sequence[str] = (), key: str = "") -> str:
     """What is wrong with the dump's entry number ``entry`` (``found``, ``missing``, ``key`` as for
     :func:`dump_fault`, of the entry)."""
-    return _ENTRY[fault].format(entry=entry, found=found, missing=", ".join(missing), key=key)
+    return _ENTRY[fault].format(entry=entry, a_found=_a(found), missing=", ".join(missing), key=key)
+
+
+def _a(name: str) -> str:
+    """A type's name with its article: ``an int``, ``a list``."""
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"

@@ -67,7 +67,8 @@ def past_the_loop_summary(past: list[int], within: list[int], *, loop_site: dict
         for r, n in calls_at_line.items():
             by_count.setdefault(n, []).append(r)
         times = ", ".join(f"{n} time{'s' if n != 1 else ''} by {fmt_ranks(rs)}" for n, rs in sorted(by_count.items()))
-        parts.append(f"the call at line {inside_site['line'] if inside_site else '?'} was issued {times}")
+        line = f"the call at line {inside_site['line']}" if inside_site and inside_site.get("line") else "that call"
+        parts.append(f"{line} was issued {times}")
     parts.append(f"a dump holds no step counts, so whether the loop ran fewer times on {fmt_ranks(past)} or "
                  f"{fmt_ranks(within)} made a call in it that the others did not is not known")
     if deviant is None:

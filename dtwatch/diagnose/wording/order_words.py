@@ -18,8 +18,10 @@ def at_stall_summary(summary: str, ended: dict[str, list[int]], waiting: str) ->
     return sentence(summary, *then, f"now {waiting}" if waiting else "")
 
 
-def seen_earlier_summary(earlier: str, when: str) -> str:
-    """A silent desync's summary ``earlier``, seen at ``when`` (a clock time, or ``earlier``) while the job ran."""
+def seen_earlier_summary(earlier: str, when: str | None) -> str:
+    """A silent desync's summary ``earlier``, seen at ``when`` (a clock time; None: not recorded) while the job
+    ran."""
     body = earlier.replace(_LIVE, "").rstrip(". ")
-    return sentence(body, f"this was seen at {when} while the job ran; the records of those calls have "
-                    "been overwritten since, so whether the ranks came back in step after it is not known")
+    seen = f"this was seen at {when} while the job ran" if when else "this was seen while the job ran"
+    return sentence(body, f"{seen}; the records of those calls have been overwritten since, so whether the ranks "
+                    "came back in step after it is not known")
