@@ -263,7 +263,11 @@ def test_killed_rank_and_exit_states(torchrun):
 
     # Kill rank 1 (pid from its ring; checked to be our worker) while it is blocked.
     (stuck1,) = s1.open_records()
-    assert "rec_kill.py" in Path(f"/proc/{s1.pid}/cmdline").read_text()
+    cmdline = Path(f"/proc/{s1.pid}/cmdline")
+    if "rec_kill.py" not in (cmdline.read_text() if cmdline.exists() else ""):
+        late = job.ring(1)  # it ended before the test killed it: say how, with the job's output
+        raise AssertionError(f"rank 1 (pid {s1.pid}) ended before it was killed; its ring says "
+                             f"{late.exit_state_name} {late.exit_reason!r}; job output:\n{job.output()}")
     os.kill(s1.pid, signal.SIGKILL)
     rc = job.wait(90)  # torchrun sees the death and SIGTERMs the others
     assert rc != 0
