@@ -54,3 +54,21 @@ def test_a_damaged_dump_names_the_type_found_with_its_article():
 
     assert entry_fault(0, "not_a_dict", found="int") == "entry 0 is an int, not a dict"
     assert dump_fault("entries_not_a_list", found="dict") == "its entries are a dict, not a list"
+
+
+def test_what_a_finding_adds_later_joins_its_sentence():
+    """Where the call went on without the rank (sync points) and the lint's leads (hints) are parts of the
+    finding's one sentence, never a second sentence starting in lower case."""
+    import re
+    from pathlib import Path
+
+    from dtwatch.diagnose import diagnose_fixture
+    from dtwatch.report.capture import load_fixture
+
+    joined = 0
+    for path in sorted((Path(__file__).parent / "incidents").glob("*.json")):
+        for f in diagnose_fixture(load_fixture(path)):
+            text = re.sub(r"`[^`]*`", "``", f.summary).replace("e.g. ", "")
+            assert not re.search(r"\. [a-z]", text), f"{path.stem}: {f.summary}"
+            joined += "; the collective was issued by a library" in text or "was issued asynchronously" in text
+    assert joined >= 3  # the recorded incidents reach both additions

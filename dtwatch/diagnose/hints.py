@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dtwatch.diagnose.context import Context, is_library_path
 from dtwatch.diagnose.model import STALL, Finding, Kind
-from dtwatch.diagnose.wording.phrases import lint_hint_sentence
+from dtwatch.diagnose.wording.phrases import lint_hint_sentence, sentence
 
 MAX_HINTS = 3
 _UNEXPLAINED = (Kind.DESYNC, Kind.RANK_CONDITIONAL)
@@ -34,7 +34,7 @@ def with_lint_hints(ctx: Context, findings: list[Finding]) -> list[Finding]:
         if not hints:
             continue
         f.details["lint_hints"] = hints
-        f.summary = f.summary.rstrip() + " " + lint_hint_sentence(
+        f.summary = sentence(f.summary, lint_hint_sentence(
             ctx.fmt(ctx.user_site(f.ranks[0], call)), [(ctx.fmt({"file": h["file"], "line": h["line"]}),
-                                                        h["condition"], h["code"]) for h in hints])
+                                                        h["condition"], h["code"]) for h in hints]))
     return findings

@@ -5,7 +5,7 @@ collective that cannot complete does not stop in it: the call returns and the ra
 later, at a synchronisation point (``torch.cuda.synchronize()``, ``.item()``, a barrier on another
 group), or keeps issuing work. The finding names the collective, because that is the cause. This module
 adds where the main thread waits, so that a reader who looks at the process (py-spy, a debugger) and
-sees a different line is not misled: ``details["waits_at"]`` and one sentence in the summary.
+sees a different line is not misled: ``details["waits_at"]`` and a part of the summary's sentence.
 """
 from __future__ import annotations
 
@@ -37,5 +37,5 @@ def with_sync_points(ctx: Context, findings: list[Finding]) -> list[Finding]:
             calls.setdefault(key, (call, s.main_site))
         notes = [waits_elsewhere(ranks, calls[key][0], ctx.fmt(calls[key][1])) for key, ranks in by_place.items()]
         if notes:
-            f.summary = f.summary.rstrip() + " " + sentence(*notes)
+            f.summary = sentence(f.summary, *notes)  # one sentence: its parts joined by semicolons
     return findings
