@@ -152,7 +152,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = render_text(result.findings, result.states, now=result.now, warnings=result.warnings,
                        verdict=result.verdict, live_warnings=result.live_warnings,
-                       dumps=result.dumps.to_dict() if result.dumps is not None else None, evidence=FileEvidence())
+                       dumps=result.dumps.to_dict() if result.dumps is not None else None, evidence=FileEvidence(),
+                       endings=result.endings)
     if args.svg or args.html:
         svg = render_svg(result.states, result.findings, now=result.now)
         if args.svg:

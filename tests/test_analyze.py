@@ -261,3 +261,24 @@ def test_offline_rings_within_the_window_are_not_a_stall(tmp_path):
     proc = dtwatch_cli("analyze", str(run_dir), "--window", "60")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No stall." in proc.stdout
+
+
+def test_a_crash_in_teardown_after_a_normal_exit_is_told(torchrun):
+    """A rank whose program returned and whose process then aborted (a destructor as the interpreter shut
+    down): its ring says it exited normally, its signal file that it was aborted; the report says both, in
+    that order, and so never contradicts the launcher's SIGABRT."""
+    job = torchrun("teardown_abort.py", 2, wait=False)
+    assert job.wait(120) != 0, job.output()  # torchrun reports rank 1's SIGABRT
+    assert job.ring(1).exit_state_name == "exited"  # the ring alone: a normal exit
+    result = analyze([str(job.run_dir)])
+    assert result.endings[1].startswith("finished its program normally, then was aborted (SIGABRT"), result.endings
+    assert result.endings[1].endswith("as its interpreter shut down")
+    # Rank 0 exited before, or was still shutting down when the launcher ended it on rank 1's abort.
+    assert result.endings[0] in ("exited normally (no exception, exit status or signal was recorded)",
+                                 "finished its program normally, then was terminated (SIGTERM: the launcher tearing "
+                                 "the job down, or a scheduler) as its interpreter shut down"), result.endings
+    ranks = {r["rank"]: r for r in result.to_dict()["ranks"]}
+    assert ranks[1]["ended"] == result.endings[1]
+    text = subprocess.run([sys.executable, "-m", "dtwatch", "analyze", str(job.run_dir)], capture_output=True,
+                          text=True, timeout=120).stdout
+    assert f"step {job.ring(1).step}: {result.endings[1]}" in text, text

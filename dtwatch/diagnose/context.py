@@ -15,7 +15,7 @@ from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
-from dtwatch.diagnose.wording.ending_words import STILL_RUNNING, ring_ending, signal_ending
+from dtwatch.diagnose.wording.ending_words import STILL_RUNNING, ring_ending, signal_after_exit, signal_ending
 from dtwatch.diagnose.wording.phrases import CPP_PREFIX, fmt_site, verb, with_source
 from dtwatch.diagnose.wording.waiting_words import not_seen_waiting_phrase, others_phrase, waiting_phrase
 
@@ -347,15 +347,25 @@ class Context:
         return tell(s, self.ending(s.rank), is_library_path)
 
     def how_it_ended(self, s: RankState) -> str:
-        if s.exit_state in ("exception", "exited"):
-            return self.told(s).text
-        ending = self.ending(s.rank) if s.exit_state == "running" else None
-        sig = (ending or {}).get("signal")
-        if sig:
-            return signal_ending(str(sig))
-        if s.gone and (ending or {}).get("exit"):
-            return self.told(s).text  # os._exit: the file was written, the ring not
-        return ring_ending(s.exit_state, s.exit_code, s.exit_reason, s.alive) if s.gone else STILL_RUNNING
+        return ending_text(s, self.ending(s.rank))
+
+
+def ending_text(s: RankState, ending: dict | None) -> str:
+    """How rank ``s`` ended, from its ring and what its process wrote as it ended (``ending``:
+    :meth:`~dtwatch.diagnose.evidence.Evidence.ending`): the exception or exit it recorded, and a fatal signal
+    after a normal exit (faulthandler still runs once the exit handlers have: a crash in the interpreter's
+    teardown, or the launcher's SIGTERM then); else a signal in place of an exit, or nothing recorded."""
+    if s.exit_state in ("exception", "exited"):
+        told = tell(s, ending, is_library_path).text
+        sig = (ending or {}).get("signal") if s.exit_state == "exited" and not s.exit_code else None
+        return signal_after_exit(told, str(sig)) if sig else told
+    ending = ending if s.exit_state == "running" else None
+    sig = (ending or {}).get("signal")
+    if sig:
+        return signal_ending(str(sig))
+    if s.gone and (ending or {}).get("exit"):
+        return tell(s, ending, is_library_path).text  # os._exit: the file was written, the ring not
+    return ring_ending(s.exit_state, s.exit_code, s.exit_reason, s.alive) if s.gone else STILL_RUNNING
 
 
 _FR_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")

@@ -16,10 +16,12 @@ it held that no other input holds. These warnings get their own section, first, 
 
 def render_text(findings: list[Finding], states: list[RankState], *, now: float, bundle_dir: str | None = None,
                 warnings: list[Finding] | None = None, verdict: str | None = None, live_warnings: int = 0,
-                dumps: dict | None = None, evidence: Evidence | None = None) -> str:
+                dumps: dict | None = None, evidence: Evidence | None = None,
+                endings: dict[int, str] | None = None) -> str:
     """``verdict``: what the incident was called ("crash" / "stall"; default stall); ``live_warnings``: how many
     of ``warnings`` (the first ones) the watchdog issued while the job ran; ``damaged_input`` warnings come last;
-    ``dumps``: the torch Flight Recorder dumps read (``DumpReport.to_dict()`` of :mod:`dtwatch.report.analyze`)."""
+    ``dumps``: the torch Flight Recorder dumps read (``DumpReport.to_dict()`` of :mod:`dtwatch.report.analyze`);
+    ``endings``: how each rank that ended did, as the diagnosis told it (else as its ring tells)."""
     out: list[str] = []
     stalls = [f for f in findings if f.severity == "stall"]
     damaged = [f for f in warnings or [] if f.kind == DAMAGED_INPUT]
@@ -83,7 +85,7 @@ def render_text(findings: list[Finding], states: list[RankState], *, now: float,
         if s.from_dump:
             out.extend(_dumped_rank(s, dumps or {}, evidence))
             continue
-        status = "running" if not s.gone else s.how_it_ended()
+        status = "running" if not s.gone else (endings or {}).get(s.rank) or s.how_it_ended()
         if s.alive and s.heartbeat_age(now) > 5:
             status += f", heartbeat {s.heartbeat_age(now):.0f}s old"
         if s.proc_state == "T":

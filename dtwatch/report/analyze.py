@@ -33,6 +33,7 @@ from dtwatch.diagnose import (
     straggler_warning,
     uneven_loader_warnings,
 )
+from dtwatch.diagnose.context import ending_text
 from dtwatch.diagnose.fr_states import JobFacts, states_from_dumps
 from dtwatch.diagnose.rank_state import UNKNOWN_PROCESS, RankState, from_snapshot
 from dtwatch.diagnose.setup import setup_warnings
@@ -62,6 +63,9 @@ class Analysis:
     problems: list[InputProblem] = field(default_factory=list)  # the damaged inputs (also among ``warnings``)
     unreadable: list[int] = field(default_factory=list)  # ranks a damaged input held that no other input holds
     dumps: DumpReport | None = None  # torch's Flight Recorder dumps read (a job that ran without dtwatch)
+    # How each rank that ended did, as the diagnosis tells it: its ring, and the signal files its process wrote
+    # (a crash in the interpreter's teardown after a normal exit included).
+    endings: dict[int, str] = field(default_factory=dict)
 
     @property
     def stalled(self) -> bool:
@@ -74,7 +78,7 @@ class Analysis:
             "findings": [f.to_dict() for f in self.findings],
             "warnings": [{**f.to_dict(), "issued": "live" if i < self.live_warnings else "analysis"}
                          for i, f in enumerate(self.warnings)],
-            "ranks": [rank_summary(s, self.now) for s in self.states],
+            "ranks": [rank_summary(s, self.now, self.endings.get(s.rank)) for s in self.states],
             "bundles": self.bundles,
             "sources": self.sources,
             "damaged_inputs": [p.to_dict() for p in self.problems],
@@ -101,7 +105,8 @@ class DumpReport:
                 "unused_files": self.unused}
 
 
-def rank_summary(s: RankState, now: float) -> dict:
+def rank_summary(s: RankState, now: float, ended: str | None = None) -> dict:
+    """One rank's state for ``--json``; ``ended``: how it ended where the diagnosis told it (else its ring's)."""
     if s.from_dump:
         return {"rank": s.rank, "host": None, "pid": None, "step": None, "state": "unknown (Flight Recorder dump)",
                 "ended": None, "groups": {g.name: {"seq": g.seq, "completed": g.completed} for g in s.groups.values()},
@@ -109,7 +114,7 @@ def rank_summary(s: RankState, now: float) -> dict:
     call = s.blocking_call()
     return {
         "rank": s.rank, "host": s.host, "pid": s.pid, "step": s.step, "state": "gone" if s.gone else "running",
-        "ended": s.how_it_ended() if s.gone else None,
+        "ended": (ended or s.how_it_ended()) if s.gone else None,
         "groups": {g.name: {"seq": g.seq, "completed": g.completed, "cpp_seq": g.cpp_seq} for g in s.groups.values()},
         "current_op": None if call is None else {"op": call.op, "group": call.group, "seq": call.seq,
                                                 "site": call.site, "for_s": round(now - call.t_enter, 3)},
@@ -219,13 +224,14 @@ def _analyze(paths: list[str], window: float) -> Analysis:
         now = max([s.heartbeat_time for s in ordered] + [s.last_activity for s in ordered], default=0.0)
     result_findings = list(findings.values())
     ring_verdict = None
+    run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in ordered if s.ring_path}
+    starts = {s.rank: s.start_time for s in ordered}
+
+    def ending(rank: int) -> dict | None:
+        return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
+
+    endings = {s.rank: ending_text(s, ending(s.rank)) for s in ordered if s.gone and not s.from_dump}
     if not result_findings and ordered:
-        run_dirs = {s.rank: os.path.dirname(s.ring_path) for s in ordered if s.ring_path}
-        starts = {s.rank: s.start_time for s in ordered}
-
-        def ending(rank: int) -> dict | None:
-            return process_ending(run_dirs[rank], rank, starts[rank]) if rank in run_dirs else None
-
         facts = {d.rank: dump_facts(d) for d in dump_set.dumps}
         ev = FileEvidence(endings=ending, unreadable=set(unreadable), dump_facts=facts)
         result = diagnose(ordered, now, window, ev, heartbeat_stale=float("inf"), assume_stalled=window == 0.0)
@@ -248,6 +254,7 @@ def _analyze(paths: list[str], window: float) -> Analysis:
     return Analysis(
         result_findings, warnings, ordered, now, [str(p) for p in ring_paths], [str(b) for b in bundle_dirs],
         verdict=verdict, live_warnings=len(live), problems=problems, unreadable=unreadable, dumps=dumps,
+        endings=endings,
     )
 
 

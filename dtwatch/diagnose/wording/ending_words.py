@@ -42,6 +42,13 @@ def signal_ending(signal: str) -> str:
     return _SIGNALS.get(signal) or f"was killed by {signal}"
 
 
+def signal_after_exit(exited: str, signal: str) -> str:
+    """A rank that ``exited`` (its exit as told) and then got a fatal ``signal`` after its exit handlers ran: its
+    interpreter's teardown crashed (a gloo or NCCL destructor), or the launcher ended it then."""
+    head = "finished its program normally" if exited == _EXITED_NORMALLY else exited
+    return f"{head}, then {signal_ending(signal)} as its interpreter shut down"
+
+
 def raised_text(error: str) -> str:
     """``error``: the exception as told, ``ValueError: corrupt sample 1261 (in DataLoader worker process 1)``."""
     return f"raised {error}"
