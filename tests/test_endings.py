@@ -133,3 +133,19 @@ def test_a_rank_that_failed_inside_a_cpp_issued_call_on_a_peers_death_names_its_
         in f.summary
     # counter-case: the culprit raised its own error, not a peer's: its last C++ call gets no line from it
     assert "its last collective was a collective issued from C++ (DDP/FSDP) (group 0, seq 7);" in f.summary
+
+
+def test_a_signal_beside_a_normal_exit_is_placed_before_or_after_it_by_its_frames():
+    """faulthandler's dump of a signal that came once no Python frame ran (the interpreter's teardown) follows
+    the exit; one with the program's frames came while it ran, and its own handler let it exit."""
+    from dtwatch.diagnose.context import ending_text
+
+    s = copy.deepcopy(states_of("exit_sys_exit_object")[2])
+    s.exit_code, s.exit_reason = 0, "process exited normally"
+    assert ending_text(s, None).startswith("exited normally (no exception, exit status or signal was recorded)")
+    teardown = ending_text(s, {"signal": "SIGABRT", "frames": []})
+    assert teardown.startswith("finished its program normally, then was aborted (SIGABRT")
+    assert teardown.endswith("as its interpreter shut down")
+    handled = ending_text(s, {"signal": "SIGTERM", "frames": [{"file": "train.py", "line": 9, "function": "main"}]})
+    assert handled == "exited normally (no exception or exit status was recorded), having received SIGTERM while it ran"
+    assert "then" not in handled

@@ -15,7 +15,13 @@ from dtwatch.diagnose.loaders import loader_evidence
 from dtwatch.diagnose.model import PEER_ERRORS, Finding, Position
 from dtwatch.diagnose.positions import cpp_blocked_call
 from dtwatch.diagnose.rank_state import CPP_OP, Call, RankState
-from dtwatch.diagnose.wording.ending_words import STILL_RUNNING, ring_ending, signal_after_exit, signal_ending
+from dtwatch.diagnose.wording.ending_words import (
+    STILL_RUNNING,
+    ring_ending,
+    signal_after_exit,
+    signal_ending,
+    signal_while_running,
+)
 from dtwatch.diagnose.wording.phrases import CPP_PREFIX, fmt_site, verb, with_source
 from dtwatch.diagnose.wording.waiting_words import not_seen_waiting_phrase, others_phrase, waiting_phrase
 
@@ -358,7 +364,11 @@ def ending_text(s: RankState, ending: dict | None) -> str:
     if s.exit_state in ("exception", "exited"):
         told = tell(s, ending, is_library_path).text
         sig = (ending or {}).get("signal") if s.exit_state == "exited" and not s.exit_code else None
-        return signal_after_exit(told, str(sig)) if sig else told
+        if sig and not (ending or {}).get("frames"):
+            return signal_after_exit(told, str(sig))  # no Python frame ran: after the exit handlers
+        if sig == "SIGTERM":
+            return signal_while_running(told, str(sig))  # its own handler let it exit
+        return told  # (a fatal signal while Python ran kills the process before any exit is recorded)
     ending = ending if s.exit_state == "running" else None
     sig = (ending or {}).get("signal")
     if sig:

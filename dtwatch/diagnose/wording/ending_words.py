@@ -49,6 +49,13 @@ def signal_after_exit(exited: str, signal: str) -> str:
     return f"{head}, then {signal_ending(signal)} as its interpreter shut down"
 
 
+def signal_while_running(exited: str, signal: str) -> str:
+    """A rank that ``exited`` (as told) after a ``signal`` that came while its Python code ran (a handler of the
+    program's own took it: a graceful shutdown on SIGTERM)."""
+    head = "exited normally (no exception or exit status was recorded)" if exited == _EXITED_NORMALLY else exited
+    return f"{head}, having received {signal} while it ran"
+
+
 def raised_text(error: str) -> str:
     """``error``: the exception as told, ``ValueError: corrupt sample 1261 (in DataLoader worker process 1)``."""
     return f"raised {error}"
