@@ -98,7 +98,7 @@ def followed_by(summary: str, then: str) -> str:
 def then_crashed(summary: str, endings: list[tuple[int, str]]) -> str:
     """A desync's sentence, then how each of the ranks that ended first ended (rank, ``how``)."""
     how = "; ".join(f"rank {r} {ended}" for r, ended in endings)
-    return summary.rstrip(".") + f"; the job then crashed ({how})."
+    return sentence(summary, f"the job then crashed ({how})")
 
 
 def every_rank_failed_summary(failures: list[tuple[list[int], str, dict | None]], world: int,
