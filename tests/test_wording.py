@@ -72,3 +72,14 @@ def test_what_a_finding_adds_later_joins_its_sentence():
             assert not re.search(r"\. [a-z]", text), f"{path.stem}: {f.summary}"
             joined += "; the collective was issued by a library" in text or "was issued asynchronously" in text
     assert joined >= 3  # the recorded incidents reach both additions
+
+
+def test_a_collective_every_member_joined_names_no_cause_it_cannot_see():
+    from dtwatch.diagnose.wording.compare_words import stalled_summary
+
+    text = stalled_summary(_call("all_reduce", "0", 9), _TRAIN, [0, 1], "are in", [], False, "", _fmt)
+    assert "all ranks are inside all_reduce" in text and "the collective itself is not completing" in text
+    assert "is not in the ranks' records" in text  # the network or transport is a candidate, never the finding
+    behind = waits_behind_summary([0], _call("all_reduce", "0", 9), _TRAIN, [1], [1], _call("barrier", "1", 2),
+                                  _MODEL, [], False, "", _fmt)
+    assert "and the others wait behind it; what holds it" in behind and "is not in the ranks' records" in behind

@@ -14,6 +14,10 @@ from dtwatch.diagnose.wording.phrases import describe, fmt_ranks, op_name, sente
 
 Fmt = Callable[[dict | None], str]
 
+# Every member joined a call that does not complete: what holds it is outside the ranks' records.
+_HOLD_UNKNOWN = ("what holds it (the network, the transport, the backend, or a peer outside this job) is not in the "
+                 "ranks' records")
+
 
 def out_of_step_summary(summary: str, waiting: str) -> str:
     """An earlier split (``summary``, worded as of that moment) whose calls completed, and who waits now."""
@@ -67,7 +71,7 @@ def stalled_summary(call: Call, site: dict | None, seen: list[int], presence: st
         return sentence(f"{fmt_ranks(seen)} (every rank dtwatch sees) {verb(seen, 'is', 'are')} inside "
                         f"{describe(call)} at {fmt(site)}", never_seen)
     return sentence(f"all ranks are inside {describe(call)} at {fmt(site)} and none is missing",
-                    "the collective itself is not completing (network, transport, or a peer outside this job)")
+                    f"the collective itself is not completing; {_HOLD_UNKNOWN}")
 
 
 def waits_behind_summary(waiters: list[int], call: Call, site: dict | None, absent: list[int], inner: list[int],
@@ -85,8 +89,7 @@ def waits_behind_summary(waiters: list[int], call: Call, site: dict | None, abse
         return sentence(head, f"every member of that call {seen} has joined it; {never_seen}",
                         "the rank that holds the job up is among them, or the call itself is not completing")
     return sentence(head, f"every member of group {m_call.group} has joined that call and none is missing",
-                    "that collective itself is not completing (network, transport, or a peer outside this job), "
-                    "and the others wait behind it")
+                    "that collective itself is not completing, and the others wait behind it", _HOLD_UNKNOWN)
 
 
 def p2p_deadlock_summary(cycle: list[Position], sites: list[dict | None], one_way: bool, matching: str,
