@@ -166,14 +166,15 @@ def test_rank_stuck_outside_collective_while_others_wait_in_ddp_allreduce(tmp_pa
 @pytest.mark.parametrize("scenario, how", [
     ("exception", "raised ValueError: loss is NaN on rank 1"),
     ("killed", "ended without a Python exception or a normal exit (no exit was recorded"),
-    ("returned", "exited normally"),
+    # Its program returns; gloo's teardown may then abort the process (torch 2.8), which is told after it.
+    ("returned", ("exited normally", "finished its program normally, then was aborted (SIGABRT")),
 ])
 def test_rank_exited_while_others_wait(tmp_path, scenario, how, backend):
     # Plain processes (like srun): nobody tears the survivors down when a rank dies.
     with incident(tmp_path, scenario, 2, backend, torchrun=False) as (job, index):
         f = stall(index)
         assert f["ranks"] == [1]
-        assert how in f["summary"]
+        assert any(h in f["summary"] for h in ((how,) if isinstance(how, str) else how)), f["summary"]
         assert f["op"] == "all_reduce"
         assert f["waiting_ranks"] == [0] and f["waiting_op"] == "all_reduce"
         assert f["kind"] == "rank_exited"
