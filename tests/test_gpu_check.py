@@ -104,15 +104,15 @@ def leftovers(prefix: str) -> list[int]:
     return pids
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)  # three torch jobs beside the suite on two cores: 52-70 s, once past 80
 def test_cpu_mode_run_of_the_short_steps(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTWATCH_")}
     env.update(GPU_CHECK_CPU="1", GPU_CHECK_STEPS="env record overhead", GPU_CHECK_PYTHON=sys.executable,
-               GPU_CHECK_TOTAL="80", GPU_CHECK_OVERHEAD_CALLS="2000", OUT=str(out), GPU_CHECK_WORK=str(work))
+               GPU_CHECK_TOTAL="140", GPU_CHECK_OVERHEAD_CALLS="2000", OUT=str(out), GPU_CHECK_WORK=str(work))
     proc = subprocess.Popen(["bash", str(GPU_CHECK / "run.sh")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    console, _ = proc.communicate(timeout=85)
+    console, _ = proc.communicate(timeout=145)
     assert proc.returncode == 0, console
     log = (out / "gpu_check.log").read_text()
     assert "CPU mode" in log and "================ SUMMARY ================" in log
